@@ -1,0 +1,98 @@
+"""The importable API: load a target and a drafter, generate as a stream of events, read stats.
+
+    from specli import load, GenerationParams, SamplingParams
+
+    with load("target.gguf", draft="draft.gguf", n_ctx=2048) as spec:
+        for event in spec.generate("Once upon a time", GenerationParams(max_tokens=64)):
+            if isinstance(event, TokenEvent):
+                print(event.text, end="", flush=True)
+        print(spec.stats.as_dict())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from specli.compat import CompatReport, require_compatible
+from specli.drafters.base import Drafter
+from specli.drafters.combined import CombinedDrafter
+from specli.drafters.model import DraftModelDrafter
+from specli.drafters.ngram import NGramDrafter
+from specli.engine import GenerationParams, SpeculativeEngine
+from specli.events import Event
+from specli.llama import Model, ModelOptions
+from specli.stats import GenerationStats
+
+NGRAM = "ngram"
+
+
+class Speculator:
+    """A loaded target (and drafter): tokenizes prompts and runs generations on one engine."""
+
+    def __init__(self, target: Model, drafter: Drafter | None, compat: CompatReport | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.compat = compat
+        self.engine = SpeculativeEngine(target, drafter)
+
+    def tokenize(self, prompt: str) -> list[int]:
+        """The target's tokens for `prompt` (BOS added if the model wants it); the draft uses the same ids."""
+        return self.target.tokenize(prompt, add_special=True, parse_special=True)
+
+    def generate(self, prompt: str | list[int], params: GenerationParams | None = None) -> Iterator[Event]:
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
+        return self.engine.generate(tokens, params or GenerationParams())
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self.engine.stats
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> Speculator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(
+    target: str | Path,
+    draft: str | Path | None = None,
+    *,
+    n_ctx: int = 4096,
+    n_threads: int = 0,
+    n_gpu_layers: int = 0,
+    draft_p_min: float = 0.0,
+    ngram: bool = False,
+) -> Speculator:
+    """Load a target and optionally a drafter.
+
+    draft: a GGUF path (a draft model), "ngram" (prompt lookup, no model), or None (plain decoding).
+    ngram=True with a draft model: combined drafting (n-gram matches first, the model otherwise).
+    """
+    opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+    target_model = Model(target, opts)
+    drafter: Drafter | None = None
+    compat = None
+    try:
+        if draft is not None and str(draft) == NGRAM:
+            drafter = NGramDrafter()
+        elif draft is not None:
+            draft_model = Model(draft, ModelOptions(n_ctx=target_model.n_ctx, n_threads=n_threads,
+                                                    n_gpu_layers=n_gpu_layers))
+            try:
+                compat = require_compatible(target_model, draft_model)
+            except Exception:
+                draft_model.close()
+                raise
+            model_drafter = DraftModelDrafter(draft_model, target_model.n_vocab, p_min=draft_p_min)
+            drafter = CombinedDrafter(model_drafter, NGramDrafter()) if ngram else model_drafter
+        return Speculator(target_model, drafter, compat)
+    except Exception:
+        if drafter is not None:
+            drafter.close()
+        target_model.close()
+        raise

@@ -1,0 +1,42 @@
+"""N-gram lookup when a confident match exists, the draft model otherwise."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specli.drafters.base import Draft, Drafter
+from specli.drafters.model import DraftModelDrafter
+from specli.drafters.ngram import NGramDrafter
+from specli.sampling import SamplingParams
+
+
+class CombinedDrafter(Drafter):
+    """A match of at least `min_match` tokens is confident enough to skip the draft model's work;
+    copying text (code edits, quoting the prompt) is where such matches appear and where they pay."""
+
+    name = "combined"
+
+    def __init__(self, model_drafter: DraftModelDrafter, ngram: NGramDrafter, *, min_match: int = 2) -> None:
+        self.model_drafter = model_drafter
+        self.ngram = ngram
+        self.min_match = min_match
+
+    def begin(self, context: list[int], sampling: SamplingParams, rng: np.random.Generator) -> None:
+        self.ngram.begin(context, sampling, rng)
+        self.model_drafter.begin(context, sampling, rng)
+
+    def draft(self, context: list[int], k: int) -> Draft:
+        proposal = self.ngram.lookup(context, k)
+        if proposal and self.ngram.last_match_len >= self.min_match:
+            return Draft(proposal, None, self.ngram.name)
+        return self.model_drafter.draft(context, k)
+
+    def accept(self, context: list[int]) -> None:
+        self.model_drafter.accept(context)
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.model_drafter.decode_seconds
+
+    def close(self) -> None:
+        self.model_drafter.close()

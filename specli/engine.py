@@ -1,0 +1,276 @@
+"""The speculative round and the generation loop. Yields events; owns no I/O.
+
+State between rounds: the target's cache holds exactly `context[:-1]`; `context[-1]` (the last
+committed token) is pending. A round drafts d1..dk, verifies [pending, d1..dk] in one target decode
+(k + 1 rows of logits), accepts a prefix d1..dn by the exact rule, appends one token sampled by the
+target (a correction after a rejection, a bonus after full acceptance), and truncates the target's
+cache back to `context[:-1]`. Nothing already cached is evaluated again.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specli.drafters.base import Draft, Drafter
+from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
+from specli.llama import Model
+from specli.policy import AutoK, DraftPolicy, FixedK
+from specli.sampling import (
+    SamplingParams,
+    accept_prefix,
+    greedy_token,
+    process_logits,
+    residual_distribution,
+    sample,
+)
+from specli.stats import GenerationStats
+
+
+@dataclass
+class GenerationParams:
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    draft_max: int | str = "auto"  # tokens drafted per round, or "auto"
+
+    def policy(self) -> DraftPolicy:
+        if self.draft_max == "auto":
+            return AutoK()
+        return FixedK(int(self.draft_max))
+
+
+def speculative_step(
+    target_rows: np.ndarray, draft: Draft, sampling: SamplingParams, rng: np.random.Generator
+) -> tuple[list[int], int]:
+    """One round's decision: (tokens to commit, n accepted) from the target's k + 1 logits rows.
+
+    Accept d_i while u_i < p_i(d_i) / q_i(d_i); at the first rejection sample norm(max(p - q, 0));
+    if all k are accepted sample a bonus token from p_(k+1). Greedy: accept while d_i is the argmax.
+    """
+    d = np.asarray(draft.tokens, dtype=np.int64)
+    k = d.shape[0]
+    if sampling.greedy:
+        choice = [greedy_token(row) for row in target_rows]
+        matches = np.asarray(choice[:k]) == d
+        n = k if matches.all() else int(matches.argmin())
+        return draft.tokens[:n] + [choice[n]], n
+    p = np.stack([process_logits(row, sampling) for row in target_rows])  # (k + 1, vocab)
+    if k == 0:
+        return [sample(p[0], rng)], 0
+    positions = np.arange(k)
+    p_d = p[positions, d]
+    q_d = draft.probs[positions, d] if draft.probs is not None else np.ones(k, dtype=np.float32)
+    n = accept_prefix(p_d, q_d, rng.random(k))
+    if n < k:
+        q_n = draft.probs[n] if draft.probs is not None else None
+        last = sample(residual_distribution(p[n], q_n, int(d[n])), rng)
+    else:
+        last = sample(p[k], rng)
+    return draft.tokens[:n] + [last], n
+
+
+class _TextStream:
+    """Turns token ids into text events: never splits a UTF-8 character, and holds back text that
+    could be the start of a stop string, so a stop string is never shown."""
+
+    def __init__(self, model: Model, stop: Sequence[str]) -> None:
+        self.model = model
+        self.stop = [s for s in stop if s]
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held: list[TokenEvent] = []
+        self.text_parts: list[str] = []
+        self.tokens: list[int] = []
+        self.stopped = False
+
+    def push(self, event: TokenEvent) -> list[TokenEvent]:
+        """Add one token's event; return the events now safe to release."""
+        event.text = self._decoder.decode(self.model.token_bytes(event.token))
+        self._held.append(event)
+        if not self.stop:
+            return self._release(len(self._held))
+        held_text = "".join(e.text for e in self._held)
+        hits = [i for i in (held_text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            return self._release_chars(min(hits))
+        # Hold back the longest suffix that is a prefix of a stop string.
+        hold = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(held_text)), hold, -1):
+                if held_text.endswith(s[:n]):
+                    hold = n
+                    break
+        return self._release_chars(len(held_text) - hold, keep_rest=True)
+
+    def _release_chars(self, n_chars: int, keep_rest: bool = False) -> list[TokenEvent]:
+        out, used = [], 0
+        while self._held:
+            e = self._held[0]
+            if used + len(e.text) <= n_chars:
+                used += len(e.text)
+                out.append(self._held.pop(0))
+            elif not keep_rest:
+                e.text = e.text[: n_chars - used]  # the event in which the stop string starts
+                out.append(self._held.pop(0))
+                break
+            else:
+                break
+        if not keep_rest:
+            self._held.clear()
+        return self._released(out)
+
+    def _release(self, n_events: int) -> list[TokenEvent]:
+        out, self._held = self._held[:n_events], self._held[n_events:]
+        return self._released(out)
+
+    def _released(self, events: list[TokenEvent]) -> list[TokenEvent]:
+        for e in events:
+            self.text_parts.append(e.text)
+            self.tokens.append(e.token)
+        return events
+
+    def flush(self) -> list[TokenEvent]:
+        """End of generation: release what is held (it did not become a stop string)."""
+        tail = self._decoder.decode(b"", final=True)
+        if tail and self._held:
+            self._held[-1].text += tail
+        return self._release(len(self._held))
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+class SpeculativeEngine:
+    """Generates with a target model and an optional drafter (None: plain decoding, the baseline)."""
+
+    def __init__(self, target: Model, drafter: Drafter | None = None) -> None:
+        if drafter is not None and target.is_recurrent:
+            raise ValueError(
+                f"{target.path.name} is a recurrent/hybrid model: its cache cannot roll back a rejected "
+                "draft, so speculative decoding is not possible; run with --no-draft"
+            )
+        self.target = target
+        self.drafter = drafter
+        self.stats = GenerationStats()
+        self.policy: DraftPolicy | None = None
+        self.tokens: list[int] = []  # generated ids of the last generation, as released
+        self.context: list[int] = []  # committed tokens of the last generation (prompt + output)
+
+    def generate(self, prompt: Sequence[int], params: GenerationParams) -> Iterator[Event]:
+        """Stream events for a generation that continues `prompt` (token ids, BOS included).
+
+        The target's cache is reused up to its longest common prefix with the prompt (a chat's
+        earlier turns are not evaluated again). `self.stats` is current after every event, so a
+        caller interrupted mid-stream (Ctrl-C) still has the figures so far.
+        """
+        if not prompt:
+            raise ValueError("the prompt is empty: nothing to continue")
+        target, drafter = self.target, self.drafter
+        sampling = params.sampling
+        rng = np.random.default_rng(params.seed)
+        self.stats = stats = GenerationStats()
+        self.policy = policy = params.policy() if drafter else FixedK(0)
+        context = list(prompt)
+        self.context = context
+        if len(context) > target.n_ctx:
+            raise ValueError(
+                f"the prompt has {len(context)} tokens but the context holds {target.n_ctx} (raise --ctx)"
+            )
+
+        # Prompt: evaluate everything but the last token, which the first round's verify decodes.
+        t0 = time.perf_counter()
+        cached = target.keep_common_prefix(context)
+        if len(context) - 1 > cached:
+            target.decode(context[cached:-1], outputs="none")
+        if drafter:
+            drafter.begin(context, sampling, np.random.default_rng([params.seed or 0, 1]))
+        event: Event = PromptEvent(len(context), len(context) - cached, time.perf_counter() - t0)
+        stats.observe(event)
+        yield event
+
+        stream = _TextStream(target, params.stop)
+        self.tokens = stream.tokens
+        decode_base = target.decode_seconds + (drafter.decode_seconds if drafter else 0.0)
+        gen_start = time.perf_counter()
+        stop_reason = "length"
+        n_emitted = 0
+        round_index = 0
+        while n_emitted < params.max_tokens:
+            room = target.n_ctx - len(context)  # drafts that fit beside the pending token
+            if room < 0:
+                stop_reason = "context"
+                break
+            t_start = time.perf_counter()
+            source = drafter.name if drafter else None
+            k = policy.choose_k(source, round_index) if drafter else 0
+            # A round emits up to k + 1 tokens: do not draft past max_tokens or the context.
+            k = max(0, min(k, params.max_tokens - n_emitted - 1, room))
+            draft = drafter.draft(context, k) if k > 0 else Draft.empty(source or "plain")
+            t_drafted = time.perf_counter()
+            rows = target.decode([context[-1], *draft.tokens], outputs="all")
+            t_verified = time.perf_counter()
+
+            new_tokens, n_accepted = speculative_step(rows, draft, sampling, rng)
+            target.truncate(len(context) + n_accepted)  # keep through d_n: cache = new context[:-1]
+            context.extend(new_tokens)
+            if drafter:
+                drafter.accept(context)
+            k_drafted = len(draft.tokens)
+            policy.observe(draft.drafter if k_drafted else None, k_drafted, n_accepted,
+                           t_drafted - t_start, t_verified - t_drafted)
+
+            # Emit: accepted drafts, then the target's own token; stop at EOG or max_tokens.
+            last_origin = Origin.PLAIN if k_drafted == 0 else (
+                Origin.BONUS if n_accepted == k_drafted else Origin.CORRECTED)
+            events: list[Event] = []
+            emitted = 0
+            for i, token in enumerate(new_tokens):
+                if target.is_eog(token):
+                    stop_reason = "eos"
+                    break
+                origin = Origin.ACCEPTED if i < n_accepted else last_origin
+                drafter_name = draft.drafter if origin is Origin.ACCEPTED else None
+                events.extend(stream.push(TokenEvent(token, "", origin, round_index, drafter_name)))
+                emitted += 1
+                n_emitted += 1
+                if stream.stopped:
+                    stop_reason = "stop"
+                    break
+                if n_emitted >= params.max_tokens:
+                    break
+            if n_accepted < k_drafted:
+                rejected = draft.tokens[n_accepted:]
+                events.append(RejectedEvent(rejected, target.detokenize(rejected), round_index, draft.drafter))
+            t_end = time.perf_counter()
+            events.append(RoundEvent(round_index, draft.drafter if k_drafted else None, k_drafted,
+                                     n_accepted, emitted, t_drafted - t_start, t_verified - t_drafted,
+                                     t_end - t_verified))
+            stats.generation_seconds = t_end - gen_start
+            stats.decode_seconds = (target.decode_seconds + (drafter.decode_seconds if drafter else 0.0)
+                                    - decode_base)
+            for event in events:
+                stats.observe(event)
+                yield event
+            round_index += 1
+            if stop_reason in ("eos", "stop"):
+                break
+
+        if not stream.stopped:
+            for event in stream.flush():
+                stats.observe(event)
+                yield event
+        stats.stop_reason = stop_reason
+        stats.generation_seconds = time.perf_counter() - gen_start
+        yield DoneEvent(stop_reason, stream.text)
+
+    def close(self) -> None:
+        if self.drafter:
+            self.drafter.close()
+        self.target.close()

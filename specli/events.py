@@ -1,0 +1,64 @@
+"""The event stream the engine yields and every front end consumes (run, chat, bench, --json).
+
+One record per emitted token, one per rejected proposal set, one per round, and one at each end of a
+generation. The same stream feeds all outputs, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Origin(str, Enum):
+    ACCEPTED = "accepted"  # a draft token the target accepted
+    CORRECTED = "corrected"  # sampled by the target after it rejected a draft token
+    BONUS = "bonus"  # sampled by the target after it accepted every draft token
+    PLAIN = "plain"  # sampled by the target in a round without drafts (k = 0)
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    token: int
+    text: str  # the text this token adds to the output (may be "" while UTF-8 bytes are incomplete)
+    origin: Origin
+    round: int
+    drafter: str | None = None  # which drafter proposed an accepted token
+
+
+@dataclass(slots=True)
+class RejectedEvent:
+    """Draft tokens the target rejected in a round (for --show-rejected); never part of the output."""
+
+    tokens: list[int]
+    text: str
+    round: int
+    drafter: str | None = None
+
+
+@dataclass(slots=True)
+class RoundEvent:
+    index: int
+    drafter: str | None  # None: plain round
+    k: int  # tokens proposed
+    accepted: int  # of those, accepted
+    emitted: int  # tokens this round added to the output (accepted + 1, less any cut by a stop)
+    draft_seconds: float
+    verify_seconds: float
+    other_seconds: float  # sampling, acceptance, bookkeeping
+
+
+@dataclass(slots=True)
+class PromptEvent:
+    n_prompt: int  # prompt tokens
+    n_evaluated: int  # of those, evaluated now (the rest were already cached)
+    seconds: float
+
+
+@dataclass(slots=True)
+class DoneEvent:
+    stop_reason: str  # "eos" | "stop" | "length" | "context" | "interrupted"
+    text: str  # the whole generated text
+
+
+Event = TokenEvent | RejectedEvent | RoundEvent | PromptEvent | DoneEvent

@@ -1,0 +1,319 @@
+"""The only module that touches llama.cpp (through llama-cpp-python's low-level ctypes bindings).
+
+A `Model` is one GGUF model with one context and one sequence: it decodes batches of tokens, asking
+for logits only on the rows the caller needs, hands those rows out as zero-copy numpy views, and
+truncates its KV cache when a speculative round rolls back. It remembers which tokens its cache
+holds (`Model.tokens`), so the engine can reason about cache contents without asking llama.cpp.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp as llc
+
+
+class LlamaError(RuntimeError):
+    """A llama.cpp call failed; the message is meant for the user."""
+
+
+class ContextFullError(LlamaError):
+    """The KV cache has no room for the batch."""
+
+
+# -- logging -------------------------------------------------------------------------------------------
+
+_log_verbose = False
+
+
+@llc.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if _log_verbose and text:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+        sys.stderr.flush()
+
+
+# A module-level reference keeps the ctypes callback alive for the life of the process: a collected
+# callback segfaults at llama.cpp's next log line.
+_LOG_CALLBACK_REF = _log_callback
+_backend_ready = False
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show llama.cpp's own log on stderr (True) or silence it (False, the default)."""
+    global _log_verbose
+    _log_verbose = verbose
+    llc.llama_log_set(_LOG_CALLBACK_REF, ctypes.c_void_p(0))
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        set_verbose(_log_verbose)
+        llc.llama_backend_init()
+        _backend_ready = True
+
+
+def default_threads() -> int:
+    """Threads for decoding: the cores this process may use, halved on big machines whose logical
+    cores are mostly SMT siblings (oversubscribing physical cores slows llama.cpp down)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        n = os.cpu_count() or 1
+    return n if n <= 4 else max(4, n // 2)
+
+
+# -- the model -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    n_ctx: int = 4096
+    n_threads: int = 0  # 0: default_threads()
+    n_gpu_layers: int = 0
+    n_batch: int = 512
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    vocab_type: int
+    n_tokens: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+
+
+class Model:
+    """One GGUF model, one llama.cpp context, one sequence (seq id 0)."""
+
+    def __init__(self, path: str | Path, options: ModelOptions | None = None) -> None:
+        _ensure_backend()
+        self.path = Path(path)
+        self.options = opts = options or ModelOptions()
+        self._model = None
+        self._ctx = None
+        self._batch = None
+
+        mparams = llc.llama_model_default_params()
+        mparams.n_gpu_layers = opts.n_gpu_layers
+        self._model = llc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise LlamaError(f"{self.path}: llama.cpp could not load the model (run with --verbose for its log)")
+        self._vocab = llc.llama_model_get_vocab(self._model)
+
+        threads = opts.n_threads or default_threads()
+        n_ctx_train = llc.llama_model_n_ctx_train(self._model)
+        n_ctx = opts.n_ctx if opts.n_ctx > 0 else n_ctx_train
+        self.n_batch = max(16, min(opts.n_batch, n_ctx))
+        cparams = llc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        # The defaults use 4 batch threads whatever the machine has; oversubscription halves speed.
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        self._ctx = llc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise LlamaError(f"{self.path}: llama.cpp could not create a context of {n_ctx} tokens")
+        self._mem = llc.llama_get_memory(self._ctx)
+        self.n_ctx = llc.llama_n_ctx(self._ctx)
+        self.n_threads = threads
+        self.n_vocab = llc.llama_vocab_n_tokens(self._vocab)
+        self._batch = llc.llama_batch_init(self.n_batch, 0, 1)
+        # seq_id pointers are set once: every token goes to sequence 0.
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self.tokens: list[int] = []  # what the KV cache holds, position by position
+        self._pieces: dict[int, bytes] = {}
+        self.decode_seconds = 0.0  # wall time inside llama_decode, for the overhead figure
+
+    # -- facts ---------------------------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_recurrent(self) -> bool:
+        """Recurrent/hybrid models cannot drop a partial suffix of their state."""
+        return bool(llc.llama_model_is_recurrent(self._model) or llc.llama_model_is_hybrid(self._model))
+
+    def vocab_info(self) -> VocabInfo:
+        v = self._vocab
+        return VocabInfo(
+            vocab_type=int(llc.llama_vocab_type(v)),
+            n_tokens=self.n_vocab,
+            bos=int(llc.llama_vocab_bos(v)),
+            eos=int(llc.llama_vocab_eos(v)),
+            add_bos=bool(llc.llama_vocab_get_add_bos(v)),
+            add_eos=bool(llc.llama_vocab_get_add_eos(v)),
+        )
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's raw text for a token (as stored in the GGUF), for vocabulary comparison."""
+        return llc.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llc.llama_vocab_is_eog(self._vocab, token))
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = llc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        llc.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def n_params(self) -> int:
+        return int(llc.llama_model_n_params(self._model))
+
+    def chat_template(self) -> str | None:
+        raw = llc.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    # -- text ----------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (llc.llama_token * cap)()
+        n = llc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llc.llama_token * cap)()
+            n = llc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise LlamaError("tokenization failed")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token contributes to the output (special tokens render as nothing)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[: max(n, 0)]
+            self._pieces[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # -- decoding ------------------------------------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], *, outputs: str = "last") -> np.ndarray:
+        """Evaluate `tokens` after what the cache holds and return their logits rows.
+
+        outputs: "last" (one row), "all" (one row per token) or "none" (prompt prefill).
+        The returned array is a zero-copy view of llama.cpp's buffer of shape (rows, n_vocab); it is
+        valid until the next decode on this model, so callers process it before decoding again.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode needs at least one token")
+        if self.n_past + n > self.n_ctx:
+            raise ContextFullError(
+                f"context full: {self.n_past} + {n} tokens exceed the context of {self.n_ctx} (raise --ctx)"
+            )
+        rows = 0
+        for start in range(0, n, self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            is_last_chunk = start + len(chunk) == n
+            rows = self._decode_chunk(chunk, outputs if is_last_chunk else "none")
+        if rows == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llc.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+
+    def _decode_chunk(self, chunk: Sequence[int], outputs: str) -> int:
+        b = self._batch
+        m = len(chunk)
+        pos0 = self.n_past
+        want_all = outputs == "all"
+        for i, tok in enumerate(chunk):
+            b.token[i] = tok
+            b.pos[i] = pos0 + i
+            b.logits[i] = want_all
+        if outputs == "last":
+            b.logits[m - 1] = True
+        b.n_tokens = m
+        t0 = time.perf_counter()
+        rc = llc.llama_decode(self._ctx, b)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            # Failed decodes may leave partial ubatches in memory: drop everything past what we hold.
+            llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+            if rc == 1:
+                raise ContextFullError(f"context full: no KV slot for {m} tokens at position {pos0}")
+            raise LlamaError(f"llama_decode failed with code {rc}")
+        self.tokens.extend(chunk)
+        return m if want_all else (1 if outputs == "last" else 0)
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop cache positions n_keep.. (a rejected draft suffix). Nothing kept is re-evaluated."""
+        if n_keep >= self.n_past:
+            return
+        if not llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            raise LlamaError(f"{self.path.name}: this model's cache cannot drop a partial suffix")
+        del self.tokens[n_keep:]
+
+    def reset(self) -> None:
+        llc.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+
+    def keep_common_prefix(self, context: Sequence[int]) -> int:
+        """Truncate the cache to its longest common prefix with `context[:-1]`; return that length.
+
+        The last context token is left pending (evaluated by the next decode), so that decode can
+        produce the logits that follow it.
+        """
+        limit = min(self.n_past, len(context) - 1)
+        cached = self.tokens
+        i = 0
+        while i < limit and cached[i] == context[i]:
+            i += 1
+        self.truncate(i)
+        return i
+
+    # -- lifetime ------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llc.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llc.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,161 @@
+"""Counters and timings of a generation, built from the event stream, and the speedup they predict.
+
+Prediction (Leviathan et al. 2023, with measured costs instead of the constant-verify assumption):
+with per-position acceptance alpha, a round drafting k tokens yields E = (1 - alpha^(k+1)) / (1 - alpha)
+tokens in (draft time + verify time); plain decoding yields one token per T_v(1). The predicted speedup
+is sum_rounds(E_k) * T_v(1) / sum_rounds(draft + verify seconds).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from specli.events import Event, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """E[tokens a round emits] = (1 - alpha^(k+1)) / (1 - alpha); k + 1 when alpha = 1."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class GenerationStats:
+    n_prompt: int = 0
+    n_prompt_evaluated: int = 0
+    prompt_seconds: float = 0.0
+    n_generated: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # rounds that ended with a rejected draft token
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    other_seconds: float = 0.0
+    generation_seconds: float = 0.0  # wall time from the first round to the end
+    decode_seconds: float = 0.0  # of that, inside llama_decode (target and draft)
+    stop_reason: str = ""
+    accepted_per_round: Counter = field(default_factory=Counter)  # histogram over drafting rounds
+    k_per_round: list[int] = field(default_factory=list)
+    origins: Counter = field(default_factory=Counter)  # emitted tokens by origin
+    accepted_by_drafter: Counter = field(default_factory=Counter)
+    # verify seconds by batch size m = k + 1: [count, total seconds]
+    verify_by_size: dict[int, list[float]] = field(default_factory=dict)
+
+    def observe(self, event: Event) -> None:
+        if isinstance(event, TokenEvent):
+            self.n_generated += 1
+            self.origins[event.origin.value] += 1
+            if event.origin.value == "accepted" and event.drafter:
+                self.accepted_by_drafter[event.drafter] += 1
+        elif isinstance(event, RoundEvent):
+            self.rounds += 1
+            self.drafted += event.k
+            self.accepted += event.accepted
+            self.draft_seconds += event.draft_seconds
+            self.verify_seconds += event.verify_seconds
+            self.other_seconds += event.other_seconds
+            self.k_per_round.append(event.k)
+            if event.k:
+                self.accepted_per_round[event.accepted] += 1
+            slot = self.verify_by_size.setdefault(event.k + 1, [0, 0.0])
+            slot[0] += 1
+            slot[1] += event.verify_seconds
+        elif isinstance(event, RejectedEvent):
+            self.rejections += 1
+        elif isinstance(event, PromptEvent):
+            self.n_prompt = event.n_prompt
+            self.n_prompt_evaluated = event.n_evaluated
+            self.prompt_seconds = event.seconds
+
+    # -- derived figures -----------------------------------------------------------------------------
+
+    @property
+    def drafting_rounds(self) -> int:
+        return sum(self.accepted_per_round.values())
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted (what llama.cpp reports as its acceptance rate)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def alpha(self) -> float | None:
+        """Per-position acceptance probability: accepted / positions examined (MLE for a geometric
+        number of acceptances, since a round stops examining at its first rejection)."""
+        examined = self.accepted + self.rejections
+        return self.accepted / examined if examined else None
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        return self.n_generated / self.rounds if self.rounds else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.n_generated / self.generation_seconds if self.generation_seconds > 0 else None
+
+    @property
+    def draft_ms_per_token(self) -> float | None:
+        return 1000 * self.draft_seconds / self.drafted if self.drafted else None
+
+    @property
+    def verify_ms_per_round(self) -> float | None:
+        return 1000 * self.verify_seconds / self.rounds if self.rounds else None
+
+    def verify_ms(self, batch_size: int) -> float | None:
+        slot = self.verify_by_size.get(batch_size)
+        return 1000 * slot[1] / slot[0] if slot and slot[0] else None
+
+    @property
+    def overhead_fraction(self) -> float | None:
+        """Share of generation wall time spent outside llama_decode (sampling, bookkeeping, UI)."""
+        if self.generation_seconds <= 0:
+            return None
+        return max(0.0, 1.0 - self.decode_seconds / self.generation_seconds)
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """Leviathan's prediction from the measured alpha and costs (needs a measured T_v(1))."""
+        alpha, t1 = self.alpha, self.verify_ms(1)
+        spent = self.draft_seconds + self.verify_seconds
+        if alpha is None or t1 is None or spent <= 0:
+            return None
+        expected = sum(expected_tokens_per_round(alpha, k) for k in self.k_per_round)
+        return expected * (t1 / 1000) / spent
+
+    def as_dict(self) -> dict:
+        """Every figure, machine-readable (for --json and bench files)."""
+
+        def r(x: float | None, nd: int = 4) -> float | None:
+            return None if x is None else round(x, nd)
+
+        return {
+            "prompt_tokens": self.n_prompt,
+            "prompt_tokens_evaluated": self.n_prompt_evaluated,
+            "prompt_seconds": r(self.prompt_seconds),
+            "generated_tokens": self.n_generated,
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": r(self.acceptance_rate),
+            "alpha": r(self.alpha),
+            "tokens_per_round": r(self.tokens_per_round),
+            "accepted_per_round_histogram": {str(k): v for k, v in sorted(self.accepted_per_round.items())},
+            "k_per_round": self.k_per_round,
+            "origins": dict(self.origins),
+            "accepted_by_drafter": dict(self.accepted_by_drafter),
+            "draft_seconds": r(self.draft_seconds),
+            "verify_seconds": r(self.verify_seconds),
+            "other_seconds": r(self.other_seconds),
+            "generation_seconds": r(self.generation_seconds),
+            "decode_seconds": r(self.decode_seconds),
+            "overhead_fraction": r(self.overhead_fraction),
+            "draft_ms_per_token": r(self.draft_ms_per_token, 3),
+            "verify_ms_per_round": r(self.verify_ms_per_round, 3),
+            "verify_ms_by_batch_size": {str(m): r(self.verify_ms(m), 3) for m in sorted(self.verify_by_size)},
+            "tokens_per_second": r(self.tokens_per_second, 2),
+            "predicted_speedup": r(self.predicted_speedup, 3),
+            "stop_reason": self.stop_reason,
+        }
