@@ -160,8 +160,18 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.stats = GenerationStats()
         self.policy: DraftPolicy | None = None
-        self.tokens: list[int] = []  # generated ids of the last generation, as released
         self.context: list[int] = []  # committed tokens of the last generation (prompt + output)
+        self._stream: _TextStream | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        """Ids of the tokens the last generation released so far (what the user saw)."""
+        return self._stream.tokens if self._stream else []
+
+    @property
+    def text(self) -> str:
+        """Text the last generation released so far (complete after its DoneEvent, or after Ctrl-C)."""
+        return self._stream.text if self._stream else ""
 
     def generate(self, prompt: Sequence[int], params: GenerationParams) -> Iterator[Event]:
         """Stream events for a generation that continues `prompt` (token ids, BOS included).
@@ -195,8 +205,7 @@ class SpeculativeEngine:
         stats.observe(event)
         yield event
 
-        stream = _TextStream(target, params.stop)
-        self.tokens = stream.tokens
+        self._stream = stream = _TextStream(target, params.stop)
         decode_base = target.decode_seconds + (drafter.decode_seconds if drafter else 0.0)
         gen_start = time.perf_counter()
         stop_reason = "length"

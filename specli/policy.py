@@ -26,13 +26,14 @@ class DraftPolicy:
 
 
 class FixedK(DraftPolicy):
-    """Always k drafts, except round 0, which is plain: it measures T_v(1) for the predicted speedup."""
+    """Always k drafts, except round 1, which is plain: it measures T_v(1) for the predicted speedup
+    (round 1 rather than 0, so the measurement is not the cold first decode)."""
 
     def __init__(self, k: int) -> None:
         self.k = k
 
     def choose_k(self, source: str | None, round_index: int) -> int:
-        return 0 if round_index == 0 else self.k
+        return 0 if round_index == 1 else self.k
 
 
 @dataclass

@@ -58,6 +58,20 @@ def greedy_token(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
+def _top_candidates(logits: np.ndarray, width: int) -> np.ndarray:
+    """The `width` largest logits' ids, best first; ties broken towards the lowest id (deterministic,
+    and the greedy token always among them)."""
+    n = logits.shape[0]
+    if width >= n:
+        cand = np.arange(n)
+    else:
+        threshold = logits[np.argpartition(logits, n - width)[n - width]]
+        above = np.flatnonzero(logits > threshold)
+        ties = np.flatnonzero(logits == threshold)[: width - above.shape[0]]
+        cand = np.concatenate([above, ties])
+    return cand[np.lexsort((cand, -logits[cand]))]
+
+
 def _kept_candidates(logits: np.ndarray, params: SamplingParams) -> np.ndarray | None:
     """Token ids surviving top-k/top-p/min-p, or None when no filter is active (keep all)."""
     n = logits.shape[0]
@@ -74,8 +88,7 @@ def _kept_candidates(logits: np.ndarray, params: SamplingParams) -> np.ndarray |
     # Sort only a candidate set that must contain everything the filters can keep.
     width = top_k if top_k else min(_TOP_P_CANDIDATES, n)
     while True:
-        cand = np.argpartition(logits, n - width)[n - width :] if width < n else np.arange(n)
-        cand = cand[np.argsort(-logits[cand], kind="stable")]
+        cand = _top_candidates(logits, width)
         if not top_p or top_k or width == n:
             break
         # The candidates hold enough mass for top-p unless their cumulative share is below top_p.
@@ -87,8 +100,9 @@ def _kept_candidates(logits: np.ndarray, params: SamplingParams) -> np.ndarray |
     keep = cand
     if top_p:
         # Softmax over the full row (the untempered distribution), restricted to the candidates.
-        z = np.exp(logits[keep] - m)
-        total = float(z.sum()) if top_k else float(np.sum(np.exp(logits - m)))
+        # float64: the cut must not move with rounding when the mass sits right at top_p.
+        z = np.exp(logits[keep].astype(np.float64) - m)
+        total = float(z.sum()) if top_k else float(np.sum(np.exp(logits.astype(np.float64) - m)))
         cum = np.cumsum(z) / total
         # Keep the smallest prefix whose mass reaches top_p (at least one token), as llama.cpp does.
         cut = int(np.searchsorted(cum, top_p, side="left")) + 1

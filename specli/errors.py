@@ -1,0 +1,71 @@
+"""Turning failures into one clear line and an exit code (2: usage, 1: runtime, 130: interrupted)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageProblem(Exception):
+    """The user asked for something that cannot work (bad option value, empty prompt ...): exit 2."""
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("SPECLI_DEBUG", "") not in ("", "0")
+
+
+def fail(message: str, code: int = EXIT_RUNTIME) -> typer.Exit:
+    sys.stdout.flush()
+    # One line, on stderr, prefixed so it stands apart from generated text.
+    print(f"specli: error: {message}", file=sys.stderr, flush=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def friendly_errors() -> Iterator[None]:
+    """Known failures become `specli: error: ...` and an exit code; tracebacks only with --debug."""
+    from specli.compat import VocabMismatchError
+    from specli.llama import LlamaError
+    from specli.sampling import SamplingError
+
+    known: tuple[type[BaseException], ...] = (VocabMismatchError, LlamaError, SamplingError, OSError)
+    try:
+        from specli.gguf_info import GGUFError
+
+        known += (GGUFError,)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from specli.config import ConfigError
+
+        known += (ConfigError,)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        yield
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except UsageProblem as e:
+        if debug_enabled():
+            raise
+        raise fail(str(e), EXIT_USAGE) from None
+    except known as e:
+        if debug_enabled():
+            raise
+        raise fail(str(e) or type(e).__name__) from None
+    except ValueError as e:
+        if debug_enabled():
+            raise
+        raise fail(str(e)) from None
+    except Exception as e:  # an unexpected failure: still one line, with a hint
+        if debug_enabled():
+            raise
+        raise fail(f"{type(e).__name__}: {e} (run with --debug for the traceback)") from None

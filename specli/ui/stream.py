@@ -1,0 +1,138 @@
+"""Render the event stream: coloured tokens as they arrive, then a stats panel.
+
+The UI only consumes events; it never calls the engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from specli.events import Event, Origin, RejectedEvent, TokenEvent
+from specli.stats import GenerationStats
+
+ORIGIN_STYLES: dict[Origin, str] = {
+    Origin.ACCEPTED: "green",
+    Origin.CORRECTED: "yellow",
+    Origin.BONUS: "cyan",
+    Origin.PLAIN: "",
+}
+# Accepted tokens by drafter, when more than one drafter is at work (combined drafting).
+DRAFTER_STYLES = {"draft": "green", "ngram": "magenta"}
+REJECTED_STYLE = "red dim strike"
+
+
+def legend(show_rejected: bool, drafters: tuple[str, ...] = ("draft",)) -> Text:
+    text = Text()
+    if len(drafters) > 1:
+        for name in drafters:
+            text.append("■ ", style=DRAFTER_STYLES.get(name, "green"))
+            text.append(f"accepted ({name})  ", style="dim")
+    else:
+        text.append("■ ", style="green")
+        text.append("accepted draft  ", style="dim")
+    text.append("■ ", style="yellow")
+    text.append("target's correction  ", style="dim")
+    text.append("■ ", style="cyan")
+    text.append("bonus (all drafts accepted)  ", style="dim")
+    if show_rejected:
+        text.append("rejected", style=REJECTED_STYLE)
+    return text
+
+
+class TokenPrinter:
+    """Writes each token's text in its origin's colour as the events arrive."""
+
+    def __init__(self, console: Console, *, show_rejected: bool = False, colour_drafters: bool = False) -> None:
+        self.console = console
+        self.show_rejected = show_rejected
+        self.colour_drafters = colour_drafters
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, TokenEvent):
+            if not event.text:
+                return
+            style = ORIGIN_STYLES[event.origin]
+            if event.origin is Origin.ACCEPTED and self.colour_drafters and event.drafter:
+                style = DRAFTER_STYLES.get(event.drafter, style)
+            self.console.print(Text(event.text, style=style), end="", soft_wrap=True)
+        elif isinstance(event, RejectedEvent) and self.show_rejected and event.text:
+            self.console.print(Text(event.text, style=REJECTED_STYLE), end="", soft_wrap=True)
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def histogram(stats: GenerationStats, width: int = 30) -> Table:
+    """Accepted drafts per round: how often each length occurred."""
+    table = Table.grid(padding=(0, 1))
+    counts = stats.accepted_per_round
+    if not counts:
+        return table
+    top = max(counts.values())
+    for n in range(0, max(counts) + 1):
+        c = counts.get(n, 0)
+        bar = "█" * max(1 if c else 0, round(width * c / top))
+        table.add_row(Text(f"{n:>2}", style="dim"), Text(bar, style="green" if n else "yellow"), Text(str(c)))
+    return table
+
+
+def stats_panel(stats: GenerationStats, *, title: str = "speculation") -> Panel:
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="dim")
+    t.add_column(justify="right")
+    t.add_column(style="dim")
+    t.add_column(justify="right")
+    rate = stats.tokens_per_second
+    prompt_rate = (stats.n_prompt_evaluated / stats.prompt_seconds) if stats.prompt_seconds > 0 else None
+    predicted = stats.predicted_speedup
+    t.add_row("tokens generated", str(stats.n_generated), "tokens/s", "n/a" if rate is None else f"{rate:.1f}")
+    t.add_row("rounds", str(stats.rounds), "tokens/round", "n/a" if stats.tokens_per_round is None
+              else f"{stats.tokens_per_round:.2f}")
+    t.add_row("drafted / accepted", f"{stats.drafted} / {stats.accepted}", "acceptance", _pct(stats.acceptance_rate))
+    t.add_row("draft", f"{_ms(stats.draft_ms_per_token)}/token", "target verify", f"{_ms(stats.verify_ms_per_round)}/round")
+    t.add_row("prompt eval", f"{stats.n_prompt_evaluated} tok, {_ms(1000 * stats.prompt_seconds)}",
+              "prompt tok/s", "n/a" if prompt_rate is None else f"{prompt_rate:.0f}")
+    t.add_row("outside llama_decode", _pct(stats.overhead_fraction),
+              "predicted speedup", "n/a" if predicted is None else f"{predicted:.2f}×")
+    if stats.accepted_by_drafter and len(stats.accepted_by_drafter) > 1:
+        t.add_row("accepted by drafter", ", ".join(f"{k}: {v}" for k, v in stats.accepted_by_drafter.items()),
+                  "", "")
+    parts: list = [t]
+    if stats.drafting_rounds:
+        parts += [Text("accepted drafts per round", style="dim"), histogram(stats)]
+    ks = stats.k_per_round
+    if ks and len(set(ks)) > 1:
+        parts += [Text("draft length k over the run", style="dim"), Text(sparkline(ks), style="blue")]
+    subtitle = f"stop: {stats.stop_reason}" if stats.stop_reason else None
+    return Panel(Group(*parts), title=title, subtitle=subtitle, expand=False)
+
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[int], width: int = 60) -> str:
+    """Values squeezed into at most `width` bins (bin means), drawn with block characters."""
+    if not values:
+        return ""
+    means = [float(b.mean()) for b in np.array_split(np.asarray(values, dtype=float), min(width, len(values)))]
+    top = max(max(means), 1e-9)
+    bars = "".join(_SPARK[round(m / top * (len(_SPARK) - 1))] for m in means)
+    return f"{bars}  (k {min(values)}..{max(values)}, mean {sum(values) / len(values):.1f})"
+
+
+def stats_lines(stats: GenerationStats) -> str:
+    """The stats as plain text lines (for stderr when stdout is not a terminal)."""
+    d = stats.as_dict()
+    keys = ["generated_tokens", "rounds", "drafted", "accepted", "acceptance_rate", "tokens_per_round",
+            "draft_ms_per_token", "verify_ms_per_round", "prompt_tokens", "prompt_seconds", "tokens_per_second",
+            "overhead_fraction", "predicted_speedup", "stop_reason"]
+    return "\n".join(f"{k}: {d[k]}" for k in keys)
