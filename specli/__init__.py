@@ -9,7 +9,17 @@ from specli.stats import GenerationStats
 __version__ = "0.1.0"
 
 __all__ = [
-    "DoneEvent", "GenerationParams", "GenerationStats", "Origin", "PromptEvent", "RejectedEvent",
-    "RoundEvent", "SamplingParams", "SpeculativeEngine", "Speculator", "TokenEvent", "load",
+    "DoneEvent",
+    "GenerationParams",
+    "GenerationStats",
+    "Origin",
+    "PromptEvent",
+    "RejectedEvent",
+    "RoundEvent",
+    "SamplingParams",
+    "SpeculativeEngine",
+    "Speculator",
+    "TokenEvent",
+    "load",
     "speculative_step",
 ]

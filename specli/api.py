@@ -1,12 +1,12 @@
 """The importable API: load a target and a drafter, generate as a stream of events, read stats.
 
-    from specli import load, GenerationParams, SamplingParams
+from specli import load, GenerationParams, SamplingParams
 
-    with load("target.gguf", draft="draft.gguf", n_ctx=2048) as spec:
-        for event in spec.generate("Once upon a time", GenerationParams(max_tokens=64)):
-            if isinstance(event, TokenEvent):
-                print(event.text, end="", flush=True)
-        print(spec.stats.as_dict())
+with load("target.gguf", draft="draft.gguf", n_ctx=2048) as spec:
+    for event in spec.generate("Once upon a time", GenerationParams(max_tokens=64)):
+        if isinstance(event, TokenEvent):
+            print(event.text, end="", flush=True)
+    print(spec.stats.as_dict())
 """
 
 from __future__ import annotations
@@ -81,8 +81,9 @@ def load(
         if draft is not None and str(draft) == NGRAM:
             drafter = NGramDrafter()
         elif draft is not None:
-            draft_model = Model(draft, ModelOptions(n_ctx=target_model.n_ctx, n_threads=n_threads,
-                                                    n_gpu_layers=n_gpu_layers))
+            draft_model = Model(
+                draft, ModelOptions(n_ctx=target_model.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+            )
             try:
                 compat = require_compatible(target_model, draft_model)
             except Exception:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -26,23 +28,38 @@ app = typer.Typer(
 
 TargetOpt = typer.Option(..., "--target", "-m", help="Target model: a .gguf path or a models.toml name.")
 DraftOpt = typer.Option(
-    None, "--draft", "-md", help="Draft: a .gguf path, a models.toml name, or 'ngram' (prompt lookup, no model)."
+    None,
+    "--draft",
+    "-md",
+    help="Draft: a .gguf path, a models.toml name, or 'ngram' (prompt lookup, no model).",
 )
-NoDraftOpt = typer.Option(False, "--no-draft", help="Plain target decoding through the same code path (baseline).")
+NoDraftOpt = typer.Option(
+    False, "--no-draft", help="Plain target decoding through the same code path (baseline)."
+)
 MaxTokensOpt = typer.Option(256, "-n", "--max-tokens", min=1, help="Tokens to generate at most.")
 DraftMaxOpt = typer.Option("auto", "-k", "--draft-max", help="Tokens drafted per round (0..64), or 'auto'.")
 DraftPMinOpt = typer.Option(
-    0.0, "--draft-p-min", min=0.0, max=1.0, help="Stop drafting when the draft's own confidence falls below P."
+    0.0,
+    "--draft-p-min",
+    min=0.0,
+    max=1.0,
+    help="Stop drafting when the draft's own confidence falls below P.",
 )
-NgramOpt = typer.Option(False, "--ngram", help="With a draft model: use n-gram matches first (combined drafting).")
+NgramOpt = typer.Option(
+    False, "--ngram", help="With a draft model: use n-gram matches first (combined drafting)."
+)
 TempOpt = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy.")
 TopKOpt = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (0: off).")
 TopPOpt = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass, in (0, 1] (1: off).")
-MinPOpt = typer.Option(0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below P × the top probability (0: off).")
+MinPOpt = typer.Option(
+    0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below P × the top probability (0: off)."
+)
 SeedOpt = typer.Option(None, "-s", "--seed", help="Random seed (default: random; the one used is in --json).")
 CtxOpt = typer.Option(4096, "-c", "--ctx", min=16, help="Context size in tokens.")
 ThreadsOpt = typer.Option(0, "-t", "--threads", min=0, help="CPU threads (0: one per core).")
-GpuLayersOpt = typer.Option(0, "-ngl", "--gpu-layers", min=0, help="Layers to offload to the GPU (Metal/CUDA builds).")
+GpuLayersOpt = typer.Option(
+    0, "-ngl", "--gpu-layers", min=0, help="Layers to offload to the GPU (Metal/CUDA builds)."
+)
 VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's own log.")
 
 
@@ -66,43 +83,101 @@ def _read_prompt(prompt: str) -> str:
     return prompt
 
 
-def _resolve_model(name_or_path: str, config: Path | None) -> Path:
-    """A .gguf path as given, or a models.toml name; the file is validated before llama.cpp sees it."""
+@dataclass
+class Plan:
+    """What a command will load and with which settings, after models.toml and the flags are merged."""
+
+    target: Path
+    draft: str | Path | None  # a path, "ngram", or None
+    values: dict[str, Any]  # the effective setting values (see config.SETTING_NAMES)
+
+
+def _validated(path: Path) -> Path:
+    """Read the GGUF header and tensor table (no weights) and refuse what would crash llama.cpp."""
     from specli.gguf_info import validate_gguf
 
-    path = Path(name_or_path).expanduser()
-    if not (path.suffix == ".gguf" or path.exists() or "/" in name_or_path):
-        from specli.config import find_config, load_config
-
-        found = find_config(config)
-        if found is None:
-            raise UsageProblem(
-                f"{name_or_path!r} is not a file, and no models.toml was found to look it up in "
-                "(give a .gguf path, or see `specli models`)"
-            )
-        path = load_config(found).resolve(name_or_path).path
-    info = validate_gguf(path)
-    if info.is_recurrent:
-        pass  # the engine refuses speculation on these with its own message
+    validate_gguf(path)
     return path
 
 
-def _load(target: str, draft: str | None, *, no_draft: bool, ngram: bool, ctx: int, threads: int,
-          gpu_layers: int, draft_p_min: float, verbose: bool, config: Path | None, err: Console):
+def plan_models(
+    context: typer.Context, target: str, draft: str | None, *, no_draft: bool, config: Path | None
+) -> Plan:
+    """Resolve names or paths through models.toml; settings: CLI defaults < [defaults] < the model's
+    own < flags given on the command line."""
+    from specli.api import NGRAM
+    from specli.config import explicit_cli_values, find_config, load_config
+
+    found = find_config(config)
+    cfg = load_config(found) if found else None
+    values = dict(context.params)
+    if cfg is None:
+        if not target.lower().endswith(".gguf") and not Path(target).expanduser().exists():
+            raise UsageProblem(
+                f"{target!r} is not a file, and no models.toml was found to look it up in "
+                "(give a .gguf path, or see `specli models`)"
+            )
+        target_path, default_draft = Path(target).expanduser(), None
+    else:
+        resolved = cfg.resolve(target)
+        target_path, default_draft = resolved.path, resolved.draft
+        explicit = explicit_cli_values(context)
+        values.update({k: v for k, v in resolved.settings.as_dict().items() if k not in explicit})
+    draft_arg: str | Path | None = None
+    if not no_draft:
+        wanted = draft if draft is not None else default_draft
+        if wanted == NGRAM:
+            draft_arg = NGRAM
+        elif wanted is not None:
+            draft_arg = cfg.resolve(wanted).path if cfg else Path(wanted).expanduser()
+            draft_arg = _validated(Path(draft_arg))
+    return Plan(_validated(target_path), draft_arg, values)
+
+
+def _load(plan: Plan, *, ngram: bool, draft_p_min: float, verbose: bool, err: Console):
     from specli import llama
     from specli.api import NGRAM, load
 
     llama.set_verbose(verbose)
-    target_path = _resolve_model(target, config)
-    draft_arg: str | Path | None = None
-    if not no_draft and draft is not None:
-        draft_arg = NGRAM if draft == NGRAM else _resolve_model(draft, config)
-        if draft_arg != NGRAM and Path(draft_arg).resolve() == target_path.resolve():
-            err.print("[yellow]note:[/] the draft is the target itself: every draft is accepted, "
-                      "but drafting costs as much as verifying, so this cannot be faster")
-    with err.status(f"loading {target_path.name}" + (f" + {Path(draft_arg).name}" if draft_arg else "")):
-        return load(target_path, draft_arg, n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers,
-                    draft_p_min=draft_p_min, ngram=ngram and draft_arg not in (None, NGRAM))
+    v = plan.values
+    draft = plan.draft
+    if draft not in (None, NGRAM) and Path(draft).resolve() == plan.target.resolve():
+        err.print(
+            "[yellow]note:[/] the draft is the target itself: every draft is accepted, "
+            "but drafting costs as much as verifying, so this cannot be faster"
+        )
+    what = plan.target.name + (f" + {Path(draft).name}" if draft else "")
+    with err.status(f"loading {what}"):
+        return load(
+            plan.target,
+            draft,
+            n_ctx=v["ctx"],
+            n_threads=v["threads"],
+            n_gpu_layers=v["gpu_layers"],
+            draft_p_min=draft_p_min,
+            ngram=ngram and draft not in (None, NGRAM),
+        )
+
+
+def generation_params(values: dict[str, Any], stop: tuple[str, ...] = ()):
+    """GenerationParams from effective setting values (a random seed when none is set)."""
+    from specli.engine import GenerationParams
+    from specli.sampling import SamplingParams
+
+    seed = values.get("seed")
+    if seed is None:
+        import secrets
+
+        seed = secrets.randbelow(2**31)
+    return GenerationParams(
+        max_tokens=values["max_tokens"],
+        sampling=SamplingParams(
+            temperature=values["temp"], top_k=values["top_k"], top_p=values["top_p"], min_p=values["min_p"]
+        ),
+        seed=seed,
+        stop=stop,
+        draft_max=_parse_draft_max(str(values["draft_max"])),
+    )
 
 
 @app.callback()
@@ -117,6 +192,7 @@ def _root(
 
 @app.command()
 def run(
+    context: typer.Context,
     prompt: str = typer.Argument(..., help="The prompt, or '-' to read it from stdin."),
     target: str = TargetOpt,
     draft: str | None = DraftOpt,
@@ -134,49 +210,44 @@ def run(
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
     stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
-    show_rejected: bool = typer.Option(False, "--show-rejected", help="Show rejected drafts, struck through."),
+    show_rejected: bool = typer.Option(
+        False, "--show-rejected", help="Show rejected drafts, struck through."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object: text, tokens, stats."),
     verbose: bool = VerboseOpt,
     config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
 ) -> None:
     """Generate a continuation of PROMPT, showing which tokens the draft got right."""
-    from specli.engine import GenerationParams
-    from specli.sampling import SamplingParams
-
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
     with friendly_errors():
-        k = _parse_draft_max(draft_max)
+        _parse_draft_max(draft_max)
         if top_p <= 0:
             raise UsageProblem("--top-p must be in (0, 1]")
         text = _read_prompt(prompt)
-        if seed is None:
-            import secrets
-
-            seed = secrets.randbelow(2**31)
-        params = GenerationParams(
-            max_tokens=max_tokens,
-            sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-            seed=seed,
-            stop=tuple(stop),
-            draft_max=k,
-        )
-        spec = _load(target, draft, no_draft=no_draft, ngram=ngram, ctx=ctx, threads=threads,
-                     gpu_layers=gpu_layers, draft_p_min=draft_p_min, verbose=verbose, config=config, err=err)
+        plan = plan_models(context, target, draft, no_draft=no_draft, config=config)
+        params = generation_params(plan.values, tuple(stop))
+        spec = _load(plan, ngram=ngram, draft_p_min=draft_p_min, verbose=verbose, err=err)
         with spec:
             prompt_tokens = spec.tokenize(text)
             mode = "json" if json_out else ("terminal" if out.is_terminal else "pipe")
-            interrupted = _stream(spec, prompt_tokens, params, mode, out, err, show_rejected=show_rejected,
-                                  prompt_text=text)
+            interrupted = _stream(
+                spec, prompt_tokens, params, mode, out, err, show_rejected=show_rejected, prompt_text=text
+            )
             stats = spec.stats
             if mode == "json":
-                print(json.dumps({
-                    "text": spec.engine.text,
-                    "tokens": list(spec.engine.tokens),
-                    "prompt_tokens": len(prompt_tokens),
-                    "seed": seed,
-                    "stats": stats.as_dict(),
-                }, ensure_ascii=False))
+                print(
+                    json.dumps(
+                        {
+                            "text": spec.engine.text,
+                            "tokens": list(spec.engine.tokens),
+                            "prompt_tokens": len(prompt_tokens),
+                            "seed": params.seed,
+                            "stats": stats.as_dict(),
+                        },
+                        ensure_ascii=False,
+                    )
+                )
             elif mode == "terminal":
                 from specli.ui.stream import stats_panel
 
@@ -196,8 +267,17 @@ def _title(spec) -> str:
     return f"{spec.target.path.name} · {drafter}"
 
 
-def _stream(spec, prompt_tokens, params, mode: str, out: Console, err: Console, *, show_rejected: bool,
-            prompt_text: str) -> bool:
+def _stream(
+    spec,
+    prompt_tokens,
+    params,
+    mode: str,
+    out: Console,
+    err: Console,
+    *,
+    show_rejected: bool,
+    prompt_text: str,
+) -> bool:
     """Run one generation and render it; True if Ctrl-C stopped it (the stats stay valid)."""
     from specli.ui.stream import TokenPrinter, legend
 
@@ -221,6 +301,198 @@ def _stream(spec, prompt_tokens, params, mode: str, out: Console, err: Console, 
         spec.stats.stop_reason = "interrupted"
         return True
     return False
+
+
+@app.command()
+def chat(
+    context: typer.Context,
+    name: str | None = typer.Argument(
+        None, help="Target: a models.toml name or .gguf path (or use --target)."
+    ),
+    target: str | None = typer.Option(None, "--target", "-m", help="Target model: a .gguf path or a name."),
+    draft: str | None = DraftOpt,
+    no_draft: bool = NoDraftOpt,
+    system: str | None = typer.Option(None, "--system", help="The system message."),
+    max_tokens: int = typer.Option(512, "-n", "--max-tokens", min=1, help="Tokens per reply at most."),
+    draft_max: str = DraftMaxOpt,
+    draft_p_min: float = DraftPMinOpt,
+    ngram: bool = NgramOpt,
+    temp: float = TempOpt,
+    top_k: int = TopKOpt,
+    top_p: float = TopPOpt,
+    min_p: float = MinPOpt,
+    seed: int | None = SeedOpt,
+    ctx: int = CtxOpt,
+    threads: int = ThreadsOpt,
+    gpu_layers: int = GpuLayersOpt,
+    show_rejected: bool = typer.Option(
+        False, "--show-rejected", help="Show rejected drafts, struck through."
+    ),
+    no_history: bool = typer.Option(
+        False, "--no-history", help="Do not read or write the input history file."
+    ),
+    verbose: bool = VerboseOpt,
+    config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
+) -> None:
+    """Chat with a local model, faster thanks to a draft; /help lists the slash commands."""
+    from specli.chat import ChatOptions, run_chat
+
+    err = Console(stderr=True, highlight=False)
+    with friendly_errors():
+        _parse_draft_max(draft_max)
+        if (name is None) == (target is None):
+            raise UsageProblem("give the target once: `specli chat NAME` or `specli chat --target FILE`")
+        plan = plan_models(context, name or target, draft, no_draft=no_draft, config=config)
+        v = plan.values
+        spec = _load(plan, ngram=ngram, draft_p_min=draft_p_min, verbose=verbose, err=err)
+        with spec:
+            options = ChatOptions(
+                system=system,
+                max_tokens=v["max_tokens"],
+                temperature=v["temp"],
+                top_k=v["top_k"],
+                top_p=v["top_p"],
+                min_p=v["min_p"],
+                draft_max=_parse_draft_max(str(v["draft_max"])),
+                seed=v["seed"],
+                show_rejected=show_rejected,
+                history=not no_history,
+            )
+            code = run_chat(spec, options, err_console=err)
+    raise typer.Exit(code)
+
+
+models_app = typer.Typer(help="The models.toml registry: list entries, check a target/draft pair.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models_list(
+    context: typer.Context,
+    config: Path | None = typer.Option(None, "--config", help="models.toml to read."),
+    json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+) -> None:
+    """List the models in models.toml: file present or missing, size, architecture, parameters, vocab."""
+    if context.invoked_subcommand is not None:
+        return
+    from specli.config import find_config, load_config, model_rows
+
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        out = Console(highlight=False, width=160)  # a file or pipe: do not fold paths into columns
+    with friendly_errors():
+        found = find_config(config)
+        if found is None:
+            raise UsageProblem(
+                "no models.toml found (looked for --config, $SPECLI_CONFIG, ./models.toml, "
+                "~/.config/specli/models.toml); copy the repository's models.toml there"
+            )
+        rows = model_rows(load_config(found))
+        if json_out:
+            print(json.dumps(rows, default=str))
+            return
+        from specli.ui.models_table import render_models_table
+
+        out.print(render_models_table(rows, title=f"models in {found}"))
+
+
+@models_app.command("check")
+def models_check(
+    target: str = typer.Argument(..., help="Target: a .gguf path or a models.toml name."),
+    draft: str = typer.Argument(..., help="Draft: a .gguf path or a models.toml name."),
+    config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Can DRAFT draft for TARGET? The engine's vocabulary check, as a report."""
+    from rich.table import Table
+
+    from specli import llama
+    from specli.compat import check_vocab
+    from specli.config import find_config, load_config
+
+    out = Console(highlight=False)
+    with friendly_errors():
+        found = find_config(config)
+        cfg = load_config(found) if found else None
+        paths = [_validated(cfg.resolve(x).path if cfg else Path(x).expanduser()) for x in (target, draft)]
+        llama.set_verbose(verbose)
+        opts = llama.ModelOptions(n_ctx=64, n_threads=1)
+        with llama.Model(paths[0], opts) as t, llama.Model(paths[1], opts) as d:
+            report = check_vocab(t, d)
+        table = Table(title=f"{paths[0].name} ← {paths[1].name}", title_justify="left")
+        table.add_column("")
+        table.add_column("target")
+        table.add_column("draft")
+        for what, a, b in report.facts:
+            table.add_row(what, a, b, style=None if a == b else "yellow")
+        out.print(table)
+        if report.ok:
+            out.print(f"[green]compatible[/]: {report.checked_token_texts} token texts compared")
+        else:
+            for problem in report.problems:
+                out.print(f"[red]incompatible[/]: {problem}")
+            raise typer.Exit(1)
+
+
+@app.command("demo-models")
+def demo_models(
+    directory: Path = typer.Argument(Path("demo-models"), help="Where to write the pair."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even if the files exist."),
+) -> None:
+    """Write a realistic-shaped demo pair (target ~ Qwen2-0.5B in shape, draft ~15x cheaper), offline."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specli.synth import DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
+
+    err = Console(stderr=True, highlight=False)
+    with friendly_errors():
+        target, draft = directory / DEMO_TARGET_FILE, directory / DEMO_DRAFT_FILE
+        if target.is_file() and draft.is_file() and not force:
+            err.print(f"demo pair already in {directory} (use --force to rebuild)")
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=err, disable=not err.is_terminal) as progress:
+            task = progress.add_task("building", total=1.0)
+
+            def report(stage: str, fraction: float) -> None:
+                progress.update(task, description=stage, completed=fraction)
+
+            target, draft = build_demo_pair(directory, progress=report)
+        err.print(f"wrote {target} and {draft}")
+        err.print(f'try: specli run --target {target} --draft {draft} "Once upon a time"')
+
+
+@app.command()
+def demo(
+    directory: Path = typer.Option(
+        Path("demo-models"), "--dir", help="Where the demo pair lives (built if absent)."
+    ),
+    prompt: str = typer.Argument("The function returns", help="The prompt."),
+    max_tokens: int = typer.Option(96, "-n", "--max-tokens", min=1, help="Tokens to generate at most."),
+    temp: float = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy."),
+) -> None:
+    """Build the demo pair if needed, then show `specli run` on it: the live view in one command."""
+    from specli.synth import DEMO_DRAFT_FILE, DEMO_TARGET_FILE
+
+    if not (directory / DEMO_TARGET_FILE).is_file() or not (directory / DEMO_DRAFT_FILE).is_file():
+        demo_models(directory, force=False)
+    app(
+        [
+            "run",
+            "--target",
+            str(directory / DEMO_TARGET_FILE),
+            "--draft",
+            str(directory / DEMO_DRAFT_FILE),
+            "-n",
+            str(max_tokens),
+            "--temp",
+            str(temp),
+            "--show-rejected",
+            prompt,
+        ],
+        standalone_mode=False,
+    )
 
 
 def main() -> None:

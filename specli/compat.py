@@ -50,14 +50,27 @@ def check_vocab(target: Model, draft: Model) -> CompatReport:
         if problem:
             report.problems.append(problem)
 
-    fact("tokenizer", _VOCAB_TYPES.get(vt.vocab_type, vt.vocab_type), _VOCAB_TYPES.get(vd.vocab_type, vd.vocab_type),
-         "tokenizer types differ" if vt.vocab_type != vd.vocab_type else None)
+    fact(
+        "tokenizer",
+        _VOCAB_TYPES.get(vt.vocab_type, vt.vocab_type),
+        _VOCAB_TYPES.get(vd.vocab_type, vd.vocab_type),
+        "tokenizer types differ" if vt.vocab_type != vd.vocab_type else None,
+    )
     size_diff = abs(vt.n_tokens - vd.n_tokens)
-    fact("vocab size", vt.n_tokens, vd.n_tokens,
-         f"vocabulary sizes differ by {size_diff} (more than {MAX_VOCAB_SIZE_DIFFERENCE})"
-         if size_diff > MAX_VOCAB_SIZE_DIFFERENCE else None)
-    fact("BOS", f"{vt.bos} (add: {vt.add_bos})", f"{vd.bos} (add: {vd.add_bos})",
-         "BOS handling differs" if vt.add_bos != vd.add_bos or (vt.add_bos and vt.bos != vd.bos) else None)
+    fact(
+        "vocab size",
+        vt.n_tokens,
+        vd.n_tokens,
+        f"vocabulary sizes differ by {size_diff} (more than {MAX_VOCAB_SIZE_DIFFERENCE})"
+        if size_diff > MAX_VOCAB_SIZE_DIFFERENCE
+        else None,
+    )
+    fact(
+        "BOS",
+        f"{vt.bos} (add: {vt.add_bos})",
+        f"{vd.bos} (add: {vd.add_bos})",
+        "BOS handling differs" if vt.add_bos != vd.add_bos or (vt.add_bos and vt.bos != vd.bos) else None,
+    )
     fact("EOS", vt.eos, vd.eos, "EOS tokens differ" if vt.eos != vd.eos else None)
     if not report.problems:
         n = min(vt.n_tokens, vd.n_tokens)
@@ -65,8 +78,10 @@ def check_vocab(target: Model, draft: Model) -> CompatReport:
         for i in ids:
             a, b = target.token_text(i), draft.token_text(i)
             if a != b:
-                report.problems.append(f"token {i} is {a.decode(errors='replace')!r} in the target but "
-                                       f"{b.decode(errors='replace')!r} in the draft")
+                report.problems.append(
+                    f"token {i} is {a.decode(errors='replace')!r} in the target but "
+                    f"{b.decode(errors='replace')!r} in the draft"
+                )
                 break
         report.checked_token_texts = len(ids)
     return report

@@ -186,6 +186,7 @@ class SpeculativeEngine:
         sampling = params.sampling
         rng = np.random.default_rng(params.seed)
         self.stats = stats = GenerationStats()
+        self._stream = stream = _TextStream(target, params.stop)
         self.policy = policy = params.policy() if drafter else FixedK(0)
         context = list(prompt)
         self.context = context
@@ -205,7 +206,6 @@ class SpeculativeEngine:
         stats.observe(event)
         yield event
 
-        self._stream = stream = _TextStream(target, params.stop)
         decode_base = target.decode_seconds + (drafter.decode_seconds if drafter else 0.0)
         gen_start = time.perf_counter()
         stop_reason = "length"
@@ -232,12 +232,20 @@ class SpeculativeEngine:
             if drafter:
                 drafter.accept(context)
             k_drafted = len(draft.tokens)
-            policy.observe(draft.drafter if k_drafted else None, k_drafted, n_accepted,
-                           t_drafted - t_start, t_verified - t_drafted)
+            policy.observe(
+                draft.drafter if k_drafted else None,
+                k_drafted,
+                n_accepted,
+                t_drafted - t_start,
+                t_verified - t_drafted,
+            )
 
             # Emit: accepted drafts, then the target's own token; stop at EOG or max_tokens.
-            last_origin = Origin.PLAIN if k_drafted == 0 else (
-                Origin.BONUS if n_accepted == k_drafted else Origin.CORRECTED)
+            last_origin = (
+                Origin.PLAIN
+                if k_drafted == 0
+                else (Origin.BONUS if n_accepted == k_drafted else Origin.CORRECTED)
+            )
             events: list[Event] = []
             emitted = 0
             for i, token in enumerate(new_tokens):
@@ -256,14 +264,26 @@ class SpeculativeEngine:
                     break
             if n_accepted < k_drafted:
                 rejected = draft.tokens[n_accepted:]
-                events.append(RejectedEvent(rejected, target.detokenize(rejected), round_index, draft.drafter))
+                events.append(
+                    RejectedEvent(rejected, target.detokenize(rejected), round_index, draft.drafter)
+                )
             t_end = time.perf_counter()
-            events.append(RoundEvent(round_index, draft.drafter if k_drafted else None, k_drafted,
-                                     n_accepted, emitted, t_drafted - t_start, t_verified - t_drafted,
-                                     t_end - t_verified))
+            events.append(
+                RoundEvent(
+                    round_index,
+                    draft.drafter if k_drafted else None,
+                    k_drafted,
+                    n_accepted,
+                    emitted,
+                    t_drafted - t_start,
+                    t_verified - t_drafted,
+                    t_end - t_verified,
+                )
+            )
             stats.generation_seconds = t_end - gen_start
-            stats.decode_seconds = (target.decode_seconds + (drafter.decode_seconds if drafter else 0.0)
-                                    - decode_base)
+            stats.decode_seconds = (
+                target.decode_seconds + (drafter.decode_seconds if drafter else 0.0) - decode_base
+            )
             for event in events:
                 stats.observe(event)
                 yield event
@@ -278,6 +298,12 @@ class SpeculativeEngine:
         stats.stop_reason = stop_reason
         stats.generation_seconds = time.perf_counter() - gen_start
         yield DoneEvent(stop_reason, stream.text)
+
+    def reset(self) -> None:
+        """Empty both caches (the next generation evaluates its whole prompt)."""
+        self.target.reset()
+        if self.drafter:
+            self.drafter.reset()
 
     def close(self) -> None:
         if self.drafter:

@@ -53,6 +53,12 @@ def friendly_errors() -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
+    except BrokenPipeError:
+        # The reader went away (`specli run ... | head -1`): end quietly. Point stdout at devnull so
+        # the interpreter's final flush does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise typer.Exit(0) from None
     except UsageProblem as e:
         if debug_enabled():
             raise

@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import llama_cpp as llc
+import numpy as np
 
 
 class LlamaError(RuntimeError):
@@ -108,7 +107,9 @@ class Model:
         mparams.n_gpu_layers = opts.n_gpu_layers
         self._model = llc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            raise LlamaError(f"{self.path}: llama.cpp could not load the model (run with --verbose for its log)")
+            raise LlamaError(
+                f"{self.path}: llama.cpp could not load the model (run with --verbose for its log)"
+            )
         self._vocab = llc.llama_model_get_vocab(self._model)
 
         threads = opts.n_threads or default_threads()
@@ -256,7 +257,15 @@ class Model:
             b.logits[m - 1] = True
         b.n_tokens = m
         t0 = time.perf_counter()
-        rc = llc.llama_decode(self._ctx, b)
+        try:
+            rc = llc.llama_decode(self._ctx, b)
+        except BaseException:
+            # Ctrl-C lands between bytecodes, so whether the decode happened is not known here: ask
+            # the cache itself, so `tokens` keeps describing what it holds.
+            self.decode_seconds += time.perf_counter() - t0
+            held = llc.llama_memory_seq_pos_max(self._mem, 0) + 1
+            self.tokens.extend(chunk[: max(0, held - pos0)])
+            raise
         self.decode_seconds += time.perf_counter() - t0
         if rc != 0:
             # Failed decodes may leave partial ubatches in memory: drop everything past what we hold.

@@ -108,8 +108,8 @@ class AutoK(DraftPolicy):
 
     def observe(self, source: str | None, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
         for slot in self.verify.values():
-            slot[0] *= self.decay ** 0.25  # cost changes slowly (machine load); acceptance quickly
-            slot[1] *= self.decay ** 0.25
+            slot[0] *= self.decay**0.25  # cost changes slowly (machine load); acceptance quickly
+            slot[1] *= self.decay**0.25
         slot = self.verify.setdefault(k + 1, [0.0, 0.0])
         slot[0] += 1.0
         slot[1] += verify_s

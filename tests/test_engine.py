@@ -65,8 +65,11 @@ def test_greedy_equivalence_on_real_trained_pair(shared_models) -> None:
             got, _ = generate(spec, PROMPT, max_tokens=64, sampling=GREEDY, draft_max=k)
             assert got == expected, f"k={k}"
     with load(target, draft, n_ctx=512) as spec:
-        text = "".join(e.text for e in spec.generate(PROMPT, GenerationParams(max_tokens=20, sampling=GREEDY))
-                       if isinstance(e, TokenEvent))
+        text = "".join(
+            e.text
+            for e in spec.generate(PROMPT, GenerationParams(max_tokens=20, sampling=GREEDY))
+            if isinstance(e, TokenEvent)
+        )
     assert text.startswith(", there was a little girl named Lily.")
 
 
@@ -125,8 +128,10 @@ def test_reproducible_with_a_seed(fixture_models) -> None:
 def test_vocabulary_mismatch_is_refused(fixture_models) -> None:
     with pytest.raises(VocabMismatchError, match="cannot draft for"):
         load(fixture_models.target, fixture_models.other_vocab, n_ctx=256)
-    with Model(fixture_models.target, ModelOptions(n_ctx=64)) as t, Model(fixture_models.draft,
-                                                                         ModelOptions(n_ctx=64)) as d:
+    with (
+        Model(fixture_models.target, ModelOptions(n_ctx=64)) as t,
+        Model(fixture_models.draft, ModelOptions(n_ctx=64)) as d,
+    ):
         report = check_vocab(t, d)
         assert report.ok and report.checked_token_texts > 0
 

@@ -45,6 +45,9 @@ class Drafter(ABC):
     def accept(self, context: list[int]) -> None:
         """The round committed: `context` is the new committed sequence (roll back what was not)."""
 
+    def reset(self) -> None:
+        """Forget any cached state (the next begin() starts from nothing)."""
+
     @property
     def decode_seconds(self) -> float:
         """Seconds this drafter spent inside llama_decode (0 for drafters without a model)."""

@@ -34,6 +34,9 @@ class CombinedDrafter(Drafter):
     def accept(self, context: list[int]) -> None:
         self.model_drafter.accept(context)
 
+    def reset(self) -> None:
+        self.model_drafter.reset()
+
     @property
     def decode_seconds(self) -> float:
         return self.model_drafter.decode_seconds

@@ -70,6 +70,10 @@ class DraftModelDrafter(Drafter):
         m.truncate(i)
         self._known_good = i
 
+    def reset(self) -> None:
+        self.model.reset()
+        self._known_good = 0
+
     @property
     def decode_seconds(self) -> float:
         return self.model.decode_seconds

@@ -46,7 +46,9 @@ def legend(show_rejected: bool, drafters: tuple[str, ...] = ("draft",)) -> Text:
 class TokenPrinter:
     """Writes each token's text in its origin's colour as the events arrive."""
 
-    def __init__(self, console: Console, *, show_rejected: bool = False, colour_drafters: bool = False) -> None:
+    def __init__(
+        self, console: Console, *, show_rejected: bool = False, colour_drafters: bool = False
+    ) -> None:
         self.console = console
         self.show_rejected = show_rejected
         self.colour_drafters = colour_drafters
@@ -94,18 +96,43 @@ def stats_panel(stats: GenerationStats, *, title: str = "speculation") -> Panel:
     rate = stats.tokens_per_second
     prompt_rate = (stats.n_prompt_evaluated / stats.prompt_seconds) if stats.prompt_seconds > 0 else None
     predicted = stats.predicted_speedup
-    t.add_row("tokens generated", str(stats.n_generated), "tokens/s", "n/a" if rate is None else f"{rate:.1f}")
-    t.add_row("rounds", str(stats.rounds), "tokens/round", "n/a" if stats.tokens_per_round is None
-              else f"{stats.tokens_per_round:.2f}")
-    t.add_row("drafted / accepted", f"{stats.drafted} / {stats.accepted}", "acceptance", _pct(stats.acceptance_rate))
-    t.add_row("draft", f"{_ms(stats.draft_ms_per_token)}/token", "target verify", f"{_ms(stats.verify_ms_per_round)}/round")
-    t.add_row("prompt eval", f"{stats.n_prompt_evaluated} tok, {_ms(1000 * stats.prompt_seconds)}",
-              "prompt tok/s", "n/a" if prompt_rate is None else f"{prompt_rate:.0f}")
-    t.add_row("outside llama_decode", _pct(stats.overhead_fraction),
-              "predicted speedup", "n/a" if predicted is None else f"{predicted:.2f}×")
+    t.add_row(
+        "tokens generated", str(stats.n_generated), "tokens/s", "n/a" if rate is None else f"{rate:.1f}"
+    )
+    t.add_row(
+        "rounds",
+        str(stats.rounds),
+        "tokens/round",
+        "n/a" if stats.tokens_per_round is None else f"{stats.tokens_per_round:.2f}",
+    )
+    t.add_row(
+        "drafted / accepted", f"{stats.drafted} / {stats.accepted}", "acceptance", _pct(stats.acceptance_rate)
+    )
+    t.add_row(
+        "draft",
+        f"{_ms(stats.draft_ms_per_token)}/token",
+        "target verify",
+        f"{_ms(stats.verify_ms_per_round)}/round",
+    )
+    t.add_row(
+        "prompt eval",
+        f"{stats.n_prompt_evaluated} tok, {_ms(1000 * stats.prompt_seconds)}",
+        "prompt tok/s",
+        "n/a" if prompt_rate is None else f"{prompt_rate:.0f}",
+    )
+    t.add_row(
+        "outside llama_decode",
+        _pct(stats.overhead_fraction),
+        "predicted speedup",
+        "n/a" if predicted is None else f"{predicted:.2f}×",
+    )
     if stats.accepted_by_drafter and len(stats.accepted_by_drafter) > 1:
-        t.add_row("accepted by drafter", ", ".join(f"{k}: {v}" for k, v in stats.accepted_by_drafter.items()),
-                  "", "")
+        t.add_row(
+            "accepted by drafter",
+            ", ".join(f"{k}: {v}" for k, v in stats.accepted_by_drafter.items()),
+            "",
+            "",
+        )
     parts: list = [t]
     if stats.drafting_rounds:
         parts += [Text("accepted drafts per round", style="dim"), histogram(stats)]
@@ -123,7 +150,9 @@ def sparkline(values: list[int], width: int = 60) -> str:
     """Values squeezed into at most `width` bins (bin means), drawn with block characters."""
     if not values:
         return ""
-    means = [float(b.mean()) for b in np.array_split(np.asarray(values, dtype=float), min(width, len(values)))]
+    means = [
+        float(b.mean()) for b in np.array_split(np.asarray(values, dtype=float), min(width, len(values)))
+    ]
     top = max(max(means), 1e-9)
     bars = "".join(_SPARK[round(m / top * (len(_SPARK) - 1))] for m in means)
     return f"{bars}  (k {min(values)}..{max(values)}, mean {sum(values) / len(values):.1f})"
@@ -132,7 +161,20 @@ def sparkline(values: list[int], width: int = 60) -> str:
 def stats_lines(stats: GenerationStats) -> str:
     """The stats as plain text lines (for stderr when stdout is not a terminal)."""
     d = stats.as_dict()
-    keys = ["generated_tokens", "rounds", "drafted", "accepted", "acceptance_rate", "tokens_per_round",
-            "draft_ms_per_token", "verify_ms_per_round", "prompt_tokens", "prompt_seconds", "tokens_per_second",
-            "overhead_fraction", "predicted_speedup", "stop_reason"]
+    keys = [
+        "generated_tokens",
+        "rounds",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "tokens_per_round",
+        "draft_ms_per_token",
+        "verify_ms_per_round",
+        "prompt_tokens",
+        "prompt_seconds",
+        "tokens_per_second",
+        "overhead_fraction",
+        "predicted_speedup",
+        "stop_reason",
+    ]
     return "\n".join(f"{k}: {d[k]}" for k in keys)

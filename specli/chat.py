@@ -1,0 +1,827 @@
+"""The chat loop behind `specli chat`: a UI-free `ChatSession` and the `run_chat` front end.
+
+`ChatSession` keeps the conversation, renders it with the target's own chat template, fits it into
+the context (dropping the oldest turns), and streams the engine's events. The engine keeps the
+longest common prefix of its cache with each new prompt, so turn N only evaluates what turn N - 1
+did not already have in the cache (the "prefill" figure after each reply).
+
+`run_chat` reads turns from a terminal (readline editing, multi-line input, Ctrl-C handling) or from
+piped stdin (one turn per line: reply text on stdout, everything else on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.text import Text
+
+from specli.api import Speculator
+from specli.chat_template import ChatTemplate, ChatTemplateError
+from specli.engine import GenerationParams
+from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME
+from specli.events import DoneEvent, Event, PromptEvent, TokenEvent
+from specli.llama import LlamaError, Model
+from specli.sampling import SamplingParams
+from specli.stats import GenerationStats
+
+__all__ = [
+    "ChatError",
+    "ChatOptions",
+    "ChatSession",
+    "CommandResult",
+    "ContextNotice",
+    "SessionTotals",
+    "TurnRecord",
+    "build_chat_template",
+    "default_history_path",
+    "format_turn_line",
+    "read_message",
+    "run_chat",
+]
+
+MIN_REPLY_TOKENS = 64  # context kept free for the reply even when max_tokens is larger than a quarter
+# Once turns must go, trim to this share of the context: dropping just enough would make every later turn
+# drop one more and re-evaluate the whole prompt; the slack lets the next turns reuse the cache again.
+TRIM_TO = 0.75
+MAX_DRAFT_K = 64
+EXIT_OK = 0
+
+
+class ChatError(Exception):
+    """A turn or command that cannot go ahead; the message is one line for the user."""
+
+
+# -- records ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChatOptions:
+    """Settings of a chat: generation parameters plus what the front end shows."""
+
+    system: str | None = None
+    max_tokens: int = 512
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    draft_max: int | str = "auto"
+    seed: int | None = None  # None: random; otherwise turn i uses seed + i (reproducible sessions)
+    show_rejected: bool = False
+    history: bool = True  # keep readline history in default_history_path() (terminals only)
+
+
+@dataclass(slots=True)
+class ContextNotice:
+    """Old turns were dropped so that the prompt and the reply budget fit the context."""
+
+    dropped_turns: int
+    prompt_tokens: int
+    n_ctx: int
+
+    @property
+    def message(self) -> str:
+        turns = "turn" if self.dropped_turns == 1 else "turns"
+        return (f"dropped {self.dropped_turns} old {turns} to fit the context "
+                f"({self.prompt_tokens} prompt tokens, context {self.n_ctx})")
+
+
+ChatEvent = Event | ContextNotice
+
+
+@dataclass
+class TurnRecord:
+    """One user message and the reply to it, with the figures of its generation."""
+
+    index: int
+    prompt_tokens: int
+    prefill_tokens: int  # prompt tokens evaluated for this turn (the rest came from the cache)
+    generated_tokens: int
+    generation_seconds: float
+    prompt_seconds: float
+    drafted: int
+    accepted: int
+    stop_reason: str  # the engine's, or "interrupted" / "error"
+    dropped_turns: int
+    draft_max: int | str
+    temperature: float
+    caches_reset: bool = False  # a hard interrupt emptied the KV caches: the next turn evaluates it all
+    stats: GenerationStats = field(repr=False, default_factory=GenerationStats)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def to_dict(self) -> dict[str, Any]:
+        rate, acc = self.tokens_per_second, self.acceptance_rate
+        return {
+            "turn": self.index,
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "generated_tokens": self.generated_tokens,
+            "generation_seconds": round(self.generation_seconds, 4),
+            "prompt_seconds": round(self.prompt_seconds, 4),
+            "tokens_per_second": None if rate is None else round(rate, 2),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": None if acc is None else round(acc, 4),
+            "stop_reason": self.stop_reason,
+            "dropped_turns": self.dropped_turns,
+            "draft_max": self.draft_max,
+            "temperature": self.temperature,
+            "stats": self.stats.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class SessionTotals:
+    turns: int
+    generated_tokens: int
+    generation_seconds: float
+    prefill_tokens: int
+    drafted: int
+    accepted: int
+    dropped_turns: int
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a slash command says back; `error` lines are one line, `exit` ends the loop."""
+
+    text: str = ""
+    error: bool = False
+    exit: bool = False
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """A rendered, tokenized prompt for one turn (history after any dropped turns + the user message)."""
+
+    history: list[dict[str, str]]
+    user_text: str
+    text: str
+    tokens: list[int]
+    dropped_turns: int
+
+
+# -- the template ---------------------------------------------------------------------------------------
+
+
+def _special_text(model: Model, token: int) -> str:
+    if not 0 <= token < model.n_vocab:  # models without a BOS/EOS report -1
+        return ""
+    return model.token_text(token).decode("utf-8", errors="replace")
+
+
+def build_chat_template(model: Model) -> tuple[ChatTemplate, str | None]:
+    """The model's chat template (ChatML if it has none or it does not work) and a notice if fallen back.
+
+    BOS/EOS are the vocabulary's raw texts: token_bytes renders special tokens as nothing.
+    """
+    vocab = model.vocab_info()
+    bos, eos = _special_text(model, vocab.bos), _special_text(model, vocab.eos)
+    source = model.chat_template()
+    name = model.path.name
+    if source is None or not source.strip():
+        return (ChatTemplate.from_strings(None, bos, eos),
+                f"{name} has no chat template: using ChatML (<|im_start|>role ... <|im_end|>)")
+    try:
+        template = ChatTemplate.from_strings(source, bos, eos)
+        # A trial render catches templates that only fail when used (unknown filters, bad globals).
+        template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+        return template, None
+    except ChatTemplateError as e:
+        notice = f"{name}'s chat template does not work ({e}): using ChatML"
+        return ChatTemplate.from_strings(None, bos, eos), notice
+
+
+# -- the session ------------------------------------------------------------------------------------------
+
+
+HELP_TEXT = """\
+commands:
+  /help           this list
+  /stats          session totals: turns, tokens, mean tok/s, acceptance
+  /reset          forget the conversation (the system message stays)
+  /k N|auto       tokens drafted per round (0..64) or auto
+  /temp X         temperature (0: greedy)
+  /system TEXT    set the system message (/system alone shows it)
+  /save FILE      write the transcript as JSON (messages, settings, per-turn stats)
+  /exit           leave (Ctrl-D works too)
+input: end a line with \\ to continue it; \"\"\" starts and ends a multi-line block; //text sends /text"""
+
+
+class ChatSession:
+    """A conversation with a loaded Speculator: history, template, settings and per-turn stats."""
+
+    def __init__(self, spec: Speculator, options: ChatOptions | None = None, *,
+                 template: ChatTemplate | None = None) -> None:
+        self.spec = spec
+        self.options = options = options or ChatOptions()
+        if template is not None:
+            self.template, self.template_notice = template, None
+        else:
+            self.template, self.template_notice = build_chat_template(spec.target)
+        self.messages: list[dict[str, str]] = []
+        if options.system:
+            self.messages.append({"role": "system", "content": options.system})
+        self.turns: list[TurnRecord] = []
+        self.sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k,
+                                       top_p=options.top_p, min_p=options.min_p)
+        self.draft_max: int | str = options.draft_max
+        self.max_tokens = options.max_tokens
+        vocab = spec.target.vocab_info()
+        self._vocab = vocab
+        eos = _special_text(spec.target, vocab.eos)
+        self.stops: list[str] = list(dict.fromkeys(s for s in [*self.template.stop_strings(), eos] if s))
+        self.last_prompt: PreparedPrompt | None = None
+
+    # -- facts -------------------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return self.spec.target.n_ctx
+
+    @property
+    def system(self) -> str | None:
+        return self.messages[0]["content"] if self.messages and self.messages[0]["role"] == "system" else None
+
+    def reply_reserve(self) -> int:
+        """Context kept free for the reply: max_tokens, capped at a quarter of the context (at least 64)."""
+        return min(self.max_tokens, max(MIN_REPLY_TOKENS, self.n_ctx // 4))
+
+    def generation_params(self) -> GenerationParams:
+        seed = None if self.options.seed is None else self.options.seed + len(self.turns)
+        return GenerationParams(max_tokens=self.max_tokens, sampling=self.sampling, seed=seed,
+                                stop=tuple(self.stops), draft_max=self.draft_max)
+
+    def totals(self) -> SessionTotals:
+        t = self.turns
+        return SessionTotals(
+            turns=len(t),
+            generated_tokens=sum(r.generated_tokens for r in t),
+            generation_seconds=sum(r.generation_seconds for r in t),
+            prefill_tokens=sum(r.prefill_tokens for r in t),
+            drafted=sum(r.drafted for r in t),
+            accepted=sum(r.accepted for r in t),
+            dropped_turns=sum(r.dropped_turns for r in t),
+        )
+
+    # -- prompts -----------------------------------------------------------------------------------
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokens of a rendered prompt: BOS added only if the template did not write it already."""
+        add_special = not self.template.starts_with_bos(text)
+        tokens = self.spec.target.tokenize(text, add_special=add_special, parse_special=True)
+        if add_special and self._vocab.add_eos and tokens and tokens[-1] == self._vocab.eos:
+            tokens.pop()  # an EOS after the generation prompt would end the reply before it starts
+        return tokens
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        try:
+            return self.template.render(messages, add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise ChatError(f"the chat template cannot render this conversation: {e}") from None
+
+    def prepare(self, user_text: str) -> PreparedPrompt:
+        """Render and tokenize the conversation plus `user_text`, dropping the oldest turns to fit.
+
+        The prompt must leave reply_reserve() tokens free; if it does not, the oldest exchanges go
+        (never the system message) until it fills at most TRIM_TO of the context.
+        """
+        history = [dict(m) for m in self.messages]
+        reserve = self.reply_reserve()
+        limit = self.n_ctx - reserve
+        dropped = 0
+        while True:
+            text = self.render([*history, {"role": "user", "content": user_text}])
+            tokens = self.tokenize_prompt(text)
+            if len(tokens) <= limit or not _drop_oldest_turn(history):
+                break
+            dropped += 1
+            limit = min(limit, int(self.n_ctx * TRIM_TO) - reserve)
+        if len(tokens) >= self.n_ctx:
+            raise ChatError(f"the message does not fit: the prompt has {len(tokens)} tokens and the context "
+                            f"holds {self.n_ctx} (shorten it, /reset, or raise --ctx)")
+        return PreparedPrompt(history, user_text, text, tokens, dropped)
+
+    # -- a turn ------------------------------------------------------------------------------------
+
+    def send(self, user_text: str) -> Generator[ChatEvent, None, None]:
+        """Start a turn: the prompt is prepared now (ChatError here, before any output), then the
+        returned iterator streams a ContextNotice if turns were dropped, then the engine's events.
+
+        The reply (what the engine released) is appended to the history when the iterator ends, also
+        when it is closed early or interrupted: the partial reply is kept.
+        """
+        prepared = self.prepare(user_text)
+        return self._turn(prepared)
+
+    def _turn(self, prepared: PreparedPrompt) -> Generator[ChatEvent, None, None]:
+        self.last_prompt = prepared
+        if prepared.dropped_turns:
+            self.messages = prepared.history
+        self.messages.append({"role": "user", "content": prepared.user_text})
+        params = self.generation_params()
+        engine = self.spec.engine
+        parts: list[str] = []
+        prompt_seen = False
+        stop_reason = "interrupted"
+        caches_reset = False
+        events = engine.generate(prepared.tokens, params)
+        try:
+            if prepared.dropped_turns:
+                yield ContextNotice(prepared.dropped_turns, len(prepared.tokens), self.n_ctx)
+            for event in events:
+                if isinstance(event, PromptEvent):
+                    prompt_seen = True
+                elif isinstance(event, TokenEvent):
+                    parts.append(event.text)
+                elif isinstance(event, DoneEvent):
+                    stop_reason = event.stop_reason
+                yield event
+        except KeyboardInterrupt:
+            # Raised inside the engine: a llama_decode may have finished without being recorded, so
+            # the caches' bookkeeping cannot be trusted; start them afresh (one full prefill next turn).
+            self.reset_caches()
+            caches_reset = True
+            raise
+        except GeneratorExit:
+            raise
+        except BaseException:
+            stop_reason = "error"
+            raise
+        finally:
+            events.close()
+            # Before the PromptEvent the engine's stats may still be the previous turn's.
+            stats = engine.stats if prompt_seen else GenerationStats()
+            if stop_reason in ("interrupted", "error"):
+                stats.stop_reason = stop_reason
+            self.messages.append({"role": "assistant", "content": "".join(parts)})
+            self.turns.append(TurnRecord(
+                index=len(self.turns) + 1,
+                prompt_tokens=len(prepared.tokens),
+                prefill_tokens=stats.n_prompt_evaluated,
+                generated_tokens=stats.n_generated,
+                generation_seconds=stats.generation_seconds,
+                prompt_seconds=stats.prompt_seconds,
+                drafted=stats.drafted,
+                accepted=stats.accepted,
+                stop_reason=stop_reason,
+                dropped_turns=prepared.dropped_turns,
+                draft_max=params.draft_max,
+                temperature=params.sampling.temperature,
+                caches_reset=caches_reset,
+                stats=stats,
+            ))
+
+    def reset_caches(self) -> None:
+        """Empty the target's and the draft model's KV caches (after a hard interrupt)."""
+        self.spec.engine.reset()
+
+    # -- settings and commands ---------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the conversation; the system message stays."""
+        system = self.system
+        self.messages = [{"role": "system", "content": system}] if system is not None else []
+
+    def set_system(self, text: str) -> None:
+        if self.system is not None:
+            self.messages[0] = {"role": "system", "content": text}
+        else:
+            self.messages.insert(0, {"role": "system", "content": text})
+
+    def set_k(self, value: str) -> None:
+        value = value.strip()
+        if value == "auto":
+            self.draft_max = "auto"
+            return
+        try:
+            k = int(value)
+        except ValueError:
+            raise ChatError(f"/k takes a whole number 0..{MAX_DRAFT_K} or 'auto', not {value!r}") from None
+        if not 0 <= k <= MAX_DRAFT_K:
+            raise ChatError(f"/k must be between 0 and {MAX_DRAFT_K}, got {k}")
+        self.draft_max = k
+
+    def set_temperature(self, value: str) -> None:
+        try:
+            t = float(value)
+        except ValueError:
+            raise ChatError(f"/temp takes a number >= 0, not {value.strip()!r}") from None
+        if not (math.isfinite(t) and t >= 0):
+            raise ChatError(f"/temp must be a finite number >= 0, got {value.strip()}")
+        self.sampling = replace(self.sampling, temperature=t)
+
+    def transcript(self) -> dict[str, Any]:
+        drafter = self.spec.drafter
+        return {
+            "format": "specli-chat",
+            "version": 1,
+            "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "target": self.spec.target.path.name,
+            "drafter": None if drafter is None else drafter.name,
+            "draft_model": next((m.path.name for m in _drafter_models(drafter)), None),
+            "chat_template": "fallback ChatML" if self.template.is_fallback else "gguf",
+            "n_ctx": self.n_ctx,
+            "settings": {
+                "system": self.system,
+                "max_tokens": self.max_tokens,
+                "temperature": self.sampling.temperature,
+                "top_k": self.sampling.top_k,
+                "top_p": self.sampling.top_p,
+                "min_p": self.sampling.min_p,
+                "draft_max": self.draft_max,
+                "seed": self.options.seed,
+                "stop": self.stops,
+            },
+            "messages": [dict(m) for m in self.messages],
+            "turns": [t.to_dict() for t in self.turns],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path).expanduser()
+        try:
+            text = json.dumps(self.transcript(), ensure_ascii=False, indent=2)
+            path.write_text(text + "\n", encoding="utf-8")
+        except OSError as e:
+            raise ChatError(f"cannot write {path}: {e.strerror or e}") from None
+        return path
+
+    def command(self, line: str) -> CommandResult:
+        """Run a slash command (`line` starts with '/'); bad values give an error result, never raise."""
+        name, _, arg = line.strip().partition(" ")
+        name, arg = name.lower(), arg.strip()
+        try:
+            if name == "/help":
+                return CommandResult(HELP_TEXT)
+            if name in ("/exit", "/quit", "/bye"):
+                return CommandResult(exit=True)
+            if name == "/stats":
+                return CommandResult(format_totals(self.totals()))
+            if name == "/reset":
+                self.reset()
+                kept = " (system message kept)" if self.system else ""
+                return CommandResult("conversation cleared" + kept)
+            if name == "/k":
+                if not arg:
+                    return CommandResult(f"k = {self.draft_max} (usage: /k N|auto)")
+                self.set_k(arg)
+                note = "" if self.spec.drafter else " (no drafter loaded: it has no effect)"
+                return CommandResult(f"k = {self.draft_max}{note}")
+            if name == "/temp":
+                if not arg:
+                    return CommandResult(f"temperature = {self.sampling.temperature:g} (usage: /temp X)")
+                self.set_temperature(arg)
+                return CommandResult(f"temperature = {self.sampling.temperature:g}"
+                                     + (" (greedy)" if self.sampling.greedy else ""))
+            if name == "/system":
+                if not arg:
+                    return CommandResult(f"system: {self.system!r}" if self.system is not None
+                                         else "no system message (usage: /system TEXT)")
+                self.set_system(arg)
+                return CommandResult("system message set")
+            if name == "/save":
+                if not arg:
+                    raise ChatError("usage: /save FILE")
+                path = self.save(arg)
+                return CommandResult(f"saved {len(self.turns)} turns to {path}")
+        except ChatError as e:
+            return CommandResult(str(e), error=True)
+        return CommandResult(f"unknown command {name}: /help lists the commands", error=True)
+
+
+def _drop_oldest_turn(history: list[dict[str, str]]) -> bool:
+    """Remove the oldest non-system message and what follows it up to the next user message."""
+    start = next((i for i, m in enumerate(history) if m["role"] != "system"), None)
+    if start is None:
+        return False
+    end = start + 1
+    while end < len(history) and history[end]["role"] not in ("user", "system"):
+        end += 1
+    del history[start:end]
+    return True
+
+
+def _drafter_models(drafter: object) -> list[Model]:
+    """The llama.cpp models a drafter holds (none for n-gram lookup)."""
+    from specli.drafters.combined import CombinedDrafter
+    from specli.drafters.model import DraftModelDrafter
+
+    if isinstance(drafter, CombinedDrafter):
+        drafter = drafter.model_drafter
+    if isinstance(drafter, DraftModelDrafter):
+        return [drafter.model]
+    return []
+
+
+# -- formatting -----------------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+def _rate(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def format_turn_line(turn: TurnRecord) -> str:
+    """The one line after a reply: tokens, tok/s, acceptance, prefill."""
+    parts = [_plural(turn.generated_tokens, "token"), f"{_rate(turn.tokens_per_second)} tok/s"]
+    if turn.drafted:
+        parts.append(f"acceptance {_pct(turn.acceptance_rate)}")
+    parts.append(f"prefill {turn.prefill_tokens}")
+    if turn.stop_reason in ("length", "context", "interrupted"):
+        parts.append({"length": "hit max tokens", "context": "context full",
+                      "interrupted": "interrupted"}[turn.stop_reason])
+    return " · ".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def format_totals(t: SessionTotals) -> str:
+    """The /stats line: session totals (prefill: prompt tokens evaluated over all turns)."""
+    return (f"{_plural(t.turns, 'turn')} · {_plural(t.generated_tokens, 'token')} · "
+            f"mean {_rate(t.tokens_per_second)} tok/s · acceptance {_pct(t.acceptance_rate)} "
+            f"({t.accepted}/{t.drafted}) · prefill {t.prefill_tokens}"
+            + (f" · {_plural(t.dropped_turns, 'old turn')} dropped" if t.dropped_turns else ""))
+
+
+# -- input ----------------------------------------------------------------------------------------------
+
+ReadLine = Callable[[str], "str | None"]  # prompt -> a line without its newline, None at end of input
+BLOCK = '"""'
+
+
+def read_message(read_line: ReadLine, prompt: str = "> ", continuation: str = "… ") -> str | None:
+    """One user message: a line; `\\` at the end continues it; a \"\"\" block spans lines. None at EOF."""
+    first = read_line(prompt)
+    if first is None:
+        return None
+    stripped = first.strip()
+    if stripped.startswith(BLOCK):
+        rest = stripped[len(BLOCK):]
+        if rest.endswith(BLOCK):  # """one line"""
+            return rest[: -len(BLOCK)]
+        parts = [rest] if rest else []
+        while (line := read_line(continuation)) is not None:
+            if line.rstrip().endswith(BLOCK):
+                tail = line.rstrip()[: -len(BLOCK)]
+                if tail:
+                    parts.append(tail)
+                break
+            parts.append(line)
+        return "\n".join(parts)
+    parts = []
+    line: str | None = first
+    while line is not None and line.endswith("\\"):
+        parts.append(line[:-1])
+        line = read_line(continuation)
+    if line is not None:
+        parts.append(line)
+    return "\n".join(parts)
+
+
+def _stream_reader(stream: TextIO) -> ReadLine:
+    def read_line(_prompt: str) -> str | None:
+        line = stream.readline()
+        if not line:
+            return None
+        return line.rstrip("\r\n")
+
+    return read_line
+
+
+def _terminal_reader() -> ReadLine:
+    def read_line(prompt: str) -> str | None:
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+
+    return read_line
+
+
+def default_history_path() -> Path:
+    """Where terminal input history is kept: $XDG_STATE_HOME/specli/chat_history (~/.local/state)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "specli" / "chat_history"
+
+
+def _setup_readline(history: Path | None) -> Callable[[], None]:
+    """Line editing for input() (if readline exists); returns a function that saves the history."""
+    try:
+        import readline
+    except ImportError:  # Windows without pyreadline: plain input() still works
+        return lambda: None
+    if history is None:
+        return lambda: None
+    try:
+        readline.read_history_file(history)
+    except OSError:
+        pass  # first run, or unreadable: start empty
+    readline.set_history_length(1000)
+
+    def save() -> None:
+        try:
+            history.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(history)
+        except OSError:
+            pass  # history is a convenience; never fail the chat over it
+
+    return save
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+# -- Ctrl-C during a reply ------------------------------------------------------------------------------
+
+
+class _InterruptLatch:
+    """During a reply, the first Ctrl-C only sets a flag (the loop stops between two engine events, so
+    the caches stay consistent); a second one raises KeyboardInterrupt as usual."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._previous: Any = None
+        self._installed = False
+
+    def _handler(self, signum: int, frame: object) -> None:
+        if self.fired:
+            raise KeyboardInterrupt
+        self.fired = True
+
+    def __enter__(self) -> _InterruptLatch:
+        # Signal handlers can only be set from the main thread; elsewhere Ctrl-C keeps its default.
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+# -- the loop -------------------------------------------------------------------------------------------
+
+
+def _ansi_prompt(text: str, colour: bool) -> str:
+    # \001 .. \002 tell readline the escape codes take no room, so line editing stays aligned.
+    return f"\001\033[1;32m\002{text}\001\033[0m\002" if colour else text
+
+
+def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | None = None,
+             console: Console | None = None, err_console: Console | None = None) -> int:
+    """Chat until Ctrl-D, /exit or end of input; returns the exit code (0, 1 after a failed turn in
+    piped mode, 130 after Ctrl-C twice at the prompt)."""
+    from specli.ui.stream import TokenPrinter, legend
+
+    input_stream = input_stream if input_stream is not None else sys.stdin
+    console = console or Console(highlight=False)
+    err_console = err_console or Console(stderr=True, highlight=False)
+    # Terminal mode needs both ends: input() reads sys.stdin, and the reply is drawn on `console`.
+    interactive = input_stream is sys.stdin and _is_tty(input_stream) and console.is_terminal
+    info = console if interactive else err_console  # stdout carries only replies when scripted
+    session = ChatSession(spec, options)
+
+    def say(text: str, style: str = "dim") -> None:
+        info.print(Text(text, style=style), soft_wrap=True)
+
+    def error(text: str) -> None:
+        info.print(Text(text, style="red"), soft_wrap=True)
+
+    combined = spec.drafter is not None and spec.drafter.name == "combined"
+    drafters = ("draft", "ngram") if combined else ("draft",)
+    printer = (TokenPrinter(console, show_rejected=options.show_rejected, colour_drafters=combined)
+               if console.is_terminal else None)
+
+    save_history: Callable[[], None] = lambda: None  # noqa: E731
+    if interactive:
+        save_history = _setup_readline(default_history_path() if options.history else None)
+        read_line = _terminal_reader()
+        draft_name = spec.drafter.name if spec.drafter else "no draft"
+        say(f"chatting with {spec.target.path.name} · {draft_name} · context {spec.target.n_ctx} · "
+            "/help for commands, Ctrl-D to leave")
+        if spec.drafter is not None:
+            console.print(legend(options.show_rejected, drafters))
+    else:
+        read_line = _stream_reader(input_stream)
+    if session.template_notice:
+        say(f"note: {session.template_notice}", "yellow")
+    prompt = _ansi_prompt("> ", interactive and console.color_system is not None)
+    continuation = _ansi_prompt("… ", interactive and console.color_system is not None)
+
+    exit_code = EXIT_OK
+    ctrl_c_at_prompt = False
+    try:
+        while True:
+            try:
+                message = read_message(read_line, prompt, continuation)
+            except KeyboardInterrupt:
+                if ctrl_c_at_prompt or not interactive:
+                    console.print()
+                    return EXIT_INTERRUPTED
+                ctrl_c_at_prompt = True
+                console.print()
+                say("(Ctrl-C again or Ctrl-D to leave)")
+                continue
+            ctrl_c_at_prompt = False
+            if message is None:
+                if interactive:
+                    console.print()
+                return exit_code
+            if not message.strip():
+                continue
+            if message.startswith("/") and not message.startswith("//"):
+                result = session.command(message)
+                if result.exit:
+                    return exit_code
+                if result.error:
+                    error(result.text)
+                elif result.text:
+                    say(result.text)
+                continue
+            if message.startswith("//"):
+                message = message[1:]
+            if not _reply(session, message, console=console, printer=printer, say=say, error=error):
+                if not interactive:
+                    exit_code = EXIT_RUNTIME
+    finally:
+        save_history()
+
+
+def _reply(session: ChatSession, message: str, *, console: Console, printer: Callable[[Event], None] | None,
+           say: Callable[..., None], error: Callable[[str], None]) -> bool:
+    """Generate and show one reply; False if it failed (the error is shown, the chat goes on)."""
+    try:
+        events = session.send(message)
+    except ChatError as e:
+        error(str(e))
+        return False
+    out = console.file
+    latch = _InterruptLatch()
+    failure: str | None = None
+    with latch:
+        try:
+            for event in events:
+                if isinstance(event, ContextNotice):
+                    say(event.message, "yellow")
+                elif printer is not None:
+                    printer(event)
+                elif isinstance(event, TokenEvent) and event.text:
+                    out.write(event.text)
+                    out.flush()
+                if latch.fired:
+                    break
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: the reply stops here all the same
+        except (LlamaError, ValueError) as e:  # context full, NaN logits ...: one line, stay in the chat
+            failure = str(e) or type(e).__name__
+        finally:
+            events.close()  # records the (partial) reply in the session
+    if printer is not None:
+        console.print()
+    else:
+        out.write("\n")
+        out.flush()
+    if failure is not None:
+        error(f"error: {failure}")
+        return False
+    turn = session.turns[-1] if session.turns else None
+    if turn is not None:
+        say(format_turn_line(turn))
+    if turn is not None and turn.caches_reset:
+        say("(caches cleared after the interrupt: the next turn evaluates the whole prompt)")
+    return True

@@ -1,0 +1,435 @@
+"""The chat loop on real inference: cache reuse across turns, greedy equivalence, commands, context fitting,
+templates (fallback ChatML, Qwen2 ChatML, Llama 3 headers) and the piped front end."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from specli import GenerationParams, SamplingParams, load
+from specli.chat import (
+    TRIM_TO,
+    ChatError,
+    ChatOptions,
+    ChatSession,
+    ContextNotice,
+    format_turn_line,
+    read_message,
+    run_chat,
+)
+from specli.chat_template import ChatTemplate
+from specli.events import DoneEvent, PromptEvent, TokenEvent
+from specli.synth import (
+    FIXTURE_N_VOCAB,
+    TOKEN_TYPE_CONTROL,
+    LlamaSpec,
+    Vocab,
+    fixture_documents,
+    train_vocab,
+    write_llama_gguf,
+)
+
+GREEDY = ChatOptions(temperature=0.0, max_tokens=24, draft_max=3, history=False)
+
+# Chat templates written out in the shape Qwen2 and Llama 3 ship them.
+QWEN2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+LLAMA3_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+
+def chat(spec, lines: str, options: ChatOptions = GREEDY) -> tuple[int, str, str]:
+    """run_chat over piped input; (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = run_chat(spec, options, input_stream=io.StringIO(lines),
+                    console=Console(file=out, highlight=False, width=200),
+                    err_console=Console(file=err, highlight=False, width=200))
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_turn(session: ChatSession, text: str) -> list:
+    return list(session.send(text))
+
+
+# -- template-carrying fixture models ------------------------------------------------------------------
+
+
+def _write_chat_model(path: Path, template: str, specials: list[str], bos: str, eos: str) -> Path:
+    """A tiny random-weight llama model: the fixture vocabulary plus control tokens for the template."""
+    base = train_vocab(fixture_documents(), FIXTURE_N_VOCAB).vocab
+    tokens = base.tokens + tuple(specials)
+    vocab = Vocab(tokens, base.scores + (0.0,) * len(specials),
+                  base.token_types + (TOKEN_TYPE_CONTROL,) * len(specials),
+                  unk_id=base.unk_id, bos_id=tokens.index(bos), eos_id=tokens.index(eos))
+    spec = LlamaSpec(n_vocab=len(tokens), n_embd=32, n_layer=1, n_head=2, n_head_kv=2, n_ff=64,
+                     name=path.stem)
+    rng = np.random.default_rng(0)
+    weights = {name: np.ones(shape, np.float32) if len(shape) == 1
+               else rng.normal(0.0, 0.5, shape).astype(np.float32)
+               for name, shape in spec.tensor_shapes().items()}
+    return write_llama_gguf(path, spec, vocab, weights, dtype="f32", chat_template=template)
+
+
+@pytest.fixture(scope="module")
+def qwen2_model(tmp_path_factory) -> Path:
+    return _write_chat_model(tmp_path_factory.mktemp("qwen2") / "qwen2-chat.gguf", QWEN2_TEMPLATE,
+                             ["<|im_start|>", "<|im_end|>", "<|endoftext|>"], bos="<s>", eos="<|im_end|>")
+
+
+@pytest.fixture(scope="module")
+def llama3_model(tmp_path_factory) -> Path:
+    return _write_chat_model(
+        tmp_path_factory.mktemp("llama3") / "llama3-chat.gguf", LLAMA3_TEMPLATE,
+        ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        bos="<|begin_of_text|>", eos="<|eot_id|>")
+
+
+# -- two turns: cache reuse and greedy equivalence -------------------------------------------------------
+
+
+def test_piped_two_turns_reuse_the_cache_and_match_plain_generation(fixture_models, tmp_path) -> None:
+    save = tmp_path / "transcript.json"
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+        code, out, err = chat(spec, f"Once upon a time\nThe bird was sad\n/save {save}\n")
+    assert code == 0
+    data = json.loads(save.read_text())
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "user", "assistant"]
+    replies = [m["content"] for m in data["messages"] if m["role"] == "assistant"]
+    assert all(replies)
+    assert out == "".join(r + "\n" for r in replies)  # stdout: the replies only
+
+    t1, t2 = data["turns"]
+    assert t1["prefill_tokens"] == t1["prompt_tokens"]
+    # Turn 2 evaluates only what turn 1 left out of the cache: the template's glue and the new message.
+    new_tokens = t2["prompt_tokens"] - t1["prompt_tokens"] - t1["generated_tokens"]
+    assert t2["prefill_tokens"] <= new_tokens + 2
+    assert t2["prefill_tokens"] < t2["prompt_tokens"] // 2
+    prefills = [int(n) for n in re.findall(r"prefill (\d+)", err)]
+    assert prefills == [t1["prefill_tokens"], t2["prefill_tokens"]]
+    assert "no chat template" in err and "ChatML" in err  # the fixture target has no template
+
+    # Each reply is what plain greedy decoding of that rendered prompt gives, without any cache.
+    template = ChatTemplate.from_strings(None, "<s>", "</s>")
+    for i, reply in enumerate(replies):
+        history = data["messages"][: 2 * i + 1]
+        with load(fixture_models.target, None, n_ctx=512) as plain:
+            text = template.render(history, add_generation_prompt=True)
+            tokens = plain.target.tokenize(text, add_special=True, parse_special=True)
+            assert len(tokens) == data["turns"][i]["prompt_tokens"]
+            params = GenerationParams(max_tokens=GREEDY.max_tokens, sampling=SamplingParams(temperature=0.0),
+                                      stop=data["settings"]["stop"])
+            done = [e for e in plain.generate(tokens, params) if isinstance(e, DoneEvent)][0]
+        assert done.text == reply
+
+
+def test_session_turns_and_the_stats_line(fixture_models) -> None:
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+        session = ChatSession(spec, GREEDY)
+        events = run_turn(session, "Once upon a time")
+        prompt = next(e for e in events if isinstance(e, PromptEvent))
+        assert prompt.n_evaluated == prompt.n_prompt == len(session.last_prompt.tokens)
+        first_prompt = len(session.last_prompt.tokens)
+        events = run_turn(session, "Tell me about the fox")
+        prompt = next(e for e in events if isinstance(e, PromptEvent))
+        assert prompt.n_evaluated < prompt.n_prompt - first_prompt
+        turn = session.turns[-1]
+        assert turn.prefill_tokens == prompt.n_evaluated
+        line = format_turn_line(turn)
+        assert line.startswith(f"{turn.generated_tokens} token") and "tok/s" in line
+        assert f"prefill {prompt.n_evaluated}" in line
+        if turn.drafted:
+            assert "acceptance" in line
+        totals = session.totals()
+        assert totals.turns == 2 and totals.generated_tokens == sum(t.generated_tokens for t in session.turns)
+
+
+def test_an_interrupted_reply_is_kept_and_the_next_turn_reuses_the_cache(fixture_models) -> None:
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+        session = ChatSession(spec, GREEDY)
+        stream = session.send("Once upon a time")
+        shown = []
+        for event in stream:
+            if isinstance(event, TokenEvent) and event.text:
+                shown.append(event.text)
+                if len(shown) == 3:
+                    break
+        stream.close()  # what the UI does on Ctrl-C
+        first_prompt = len(session.last_prompt.tokens)
+        assert session.messages[-1] == {"role": "assistant", "content": "".join(shown)}
+        assert session.turns[-1].stop_reason == "interrupted"
+        assert "interrupted" in format_turn_line(session.turns[-1])
+        run_turn(session, "The bird was sad")
+        second = session.turns[-1]
+        assert second.stop_reason != "interrupted"
+        # The cache still holds the first prompt and the shown part of the reply: not evaluated again.
+        assert second.prefill_tokens <= second.prompt_tokens - first_prompt - len(shown) + 1
+        assert [m["role"] for m in session.messages] == ["user", "assistant"] * 2
+
+
+class _InterruptingFile(io.StringIO):
+    """Stdout that sends this process SIGINT (`times` of them at once) at its n-th write, like Ctrl-C."""
+
+    def __init__(self, at_write: int, times: int = 1) -> None:
+        super().__init__()
+        self.at_write, self.times, self.writes = at_write, times, 0
+
+    def write(self, text: str) -> int:
+        n = super().write(text)
+        self.writes += 1
+        if self.writes == self.at_write:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
+        return n
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_ctrl_c_during_a_reply_stops_it_and_the_chat_goes_on(fixture_models, tmp_path, times) -> None:
+    save = tmp_path / "t.json"
+    out, err = _InterruptingFile(at_write=3, times=times), io.StringIO()
+    options = ChatOptions(temperature=0.0, max_tokens=200, draft_max=2, history=False)
+    previous = signal.getsignal(signal.SIGINT)
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+        lines = io.StringIO(f"Once upon a time\nThe bird was sad\n/save {save}\n")
+        code = run_chat(spec, options, input_stream=lines, console=Console(file=out, highlight=False),
+                        err_console=Console(file=err, highlight=False))
+    assert signal.getsignal(signal.SIGINT) is previous  # the reply's handler is removed again
+    assert code == 0
+    data = json.loads(save.read_text())
+    first, second = data["turns"]
+    assert first["stop_reason"] == "interrupted" and first["generated_tokens"] < 200
+    assert second["stop_reason"] != "interrupted"
+    partial = data["messages"][1]["content"]
+    assert out.getvalue().startswith(partial + "\n")  # what was shown is what the history keeps
+    assert "interrupted" in err.getvalue().splitlines()[1]
+    # The second reply reused the first turn's cache (the interrupt came between two engine events).
+    assert second["prefill_tokens"] < second["prompt_tokens"] - first["prompt_tokens"]
+
+
+def test_an_interrupt_inside_the_engine_resets_the_caches(fixture_models) -> None:
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+        session = ChatSession(spec, GREEDY)
+        decode, calls = spec.target.decode, []
+
+        def interrupted_decode(*args, **kw):
+            calls.append(1)
+            if len(calls) == 4:
+                raise KeyboardInterrupt
+            return decode(*args, **kw)
+
+        spec.target.decode = interrupted_decode
+        with pytest.raises(KeyboardInterrupt):
+            run_turn(session, "Once upon a time")
+        spec.target.decode = decode
+        turn = session.turns[-1]
+        assert turn.stop_reason == "interrupted" and turn.caches_reset
+        assert spec.target.n_past == 0
+        assert [m["role"] for m in session.messages] == ["user", "assistant"]
+        events = run_turn(session, "The bird was sad")
+        assert session.turns[-1].prefill_tokens == session.turns[-1].prompt_tokens  # all of it, once
+        reply = events[-1].text
+        with load(fixture_models.target, None, n_ctx=512) as plain:
+            params = GenerationParams(max_tokens=GREEDY.max_tokens, sampling=SamplingParams(temperature=0.0),
+                                      stop=session.stops)
+            done = list(plain.generate(session.last_prompt.tokens, params))[-1]
+        assert done.text == reply
+
+
+# -- commands ------------------------------------------------------------------------------------------
+
+
+def test_slash_commands_in_a_piped_session(fixture_models, tmp_path) -> None:
+    save = tmp_path / "out.json"
+    script = "\n".join([
+        "/help", "/k 2", "/temp 0", "/k 99", "/k two", "/temp -1", "/temp warm", "/frobnicate", "/save",
+        "Once upon a time", "/stats", "/reset", "/system Tell short stories.", "The bird was sad",
+        f"/save {save}", "/exit", "this line is never read",
+    ]) + "\n"
+    options = ChatOptions(temperature=0.8, max_tokens=16, history=False)
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+        code, out, err = chat(spec, script, options)
+    assert code == 0
+    assert "/k N|auto" in err  # /help
+    assert "k = 2" in err and "temperature = 0 (greedy)" in err
+    assert "/k must be between 0 and 64, got 99" in err
+    assert "/k takes a whole number" in err and "'two'" in err
+    assert "/temp must be a finite number >= 0" in err and "/temp takes a number >= 0, not 'warm'" in err
+    assert "unknown command /frobnicate: /help lists the commands" in err
+    assert "usage: /save FILE" in err
+    assert "1 turn · " in err  # /stats after the first turn
+    assert "conversation cleared" in err
+    data = json.loads(save.read_text())
+    # /reset dropped the first exchange; /system added a system message.
+    assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant"]
+    assert data["messages"][0]["content"] == "Tell short stories."
+    assert data["messages"][1]["content"] == "The bird was sad"
+    assert data["settings"]["draft_max"] == 2 and data["settings"]["temperature"] == 0
+    assert len(data["turns"]) == 2
+    for turn in data["turns"]:
+        assert turn["draft_max"] == 2 and turn["temperature"] == 0
+        assert max(turn["stats"]["k_per_round"]) <= 2
+    assert out.count("\n") >= 2 and "never read" not in out + err
+
+
+def test_commands_change_the_next_turns_params(fixture_models, tmp_path) -> None:
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+        session = ChatSession(spec, ChatOptions(system="Be kind.", history=False))
+        assert session.command("/k auto").text == "k = auto"
+        assert session.command("/k 3").text == "k = 3"
+        assert session.generation_params().draft_max == 3
+        assert not session.command("/temp 0.25").error
+        assert session.generation_params().sampling.temperature == 0.25
+        assert session.command("/temp nan").error
+        assert session.command("/system").text == "system: 'Be kind.'"
+        session.command("/system Be brief.")
+        assert session.messages == [{"role": "system", "content": "Be brief."}]
+        result = session.command(f"/save {tmp_path / 'missing-dir' / 'x.json'}")
+        assert result.error and "cannot write" in result.text and "\n" not in result.text
+        assert session.command("/exit").exit and session.command("/quit").exit
+
+
+def test_input_lines_blocks_and_continuations() -> None:
+    def reader(text: str):
+        lines = iter(text.split("\n"))
+        return lambda _prompt: next(lines, None)
+
+    read = reader('plain\nfirst \\\nsecond\n'
+                  '"""\nblock one\n\n  block two\n"""\n"""inline"""\n"""tail\nend"""\n')
+    assert read_message(read) == "plain"
+    assert read_message(read) == "first \nsecond"
+    assert read_message(read) == "block one\n\n  block two"
+    assert read_message(read) == "inline"
+    assert read_message(read) == "tail\nend"
+    assert read_message(read) == ""  # the empty last line
+    assert read_message(read) is None
+    assert read_message(reader('"""\nunterminated')) == "unterminated"  # EOF closes a block
+
+
+def test_piped_multiline_block_is_one_turn_and_double_slash_escapes(fixture_models, tmp_path) -> None:
+    save = tmp_path / "t.json"
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+        code, _, err = chat(spec, f'"""\nOnce upon a time\nthere was a fox\n"""\n//etc\n/save {save}\n')
+    assert code == 0 and "unknown command" not in err
+    users = [m["content"] for m in json.loads(save.read_text())["messages"] if m["role"] == "user"]
+    assert users == ["Once upon a time\nthere was a fox", "/etc"]
+
+
+# -- the context --------------------------------------------------------------------------------------
+
+
+def test_oldest_turns_are_dropped_to_fit_the_context(fixture_models) -> None:
+    options = ChatOptions(system="Stories.", temperature=0.0, max_tokens=16, draft_max=2, history=False)
+    with load(fixture_models.target, fixture_models.draft, n_ctx=256) as spec:
+        n_ctx = spec.target.n_ctx
+        session = ChatSession(spec, options)
+        assert session.reply_reserve() == 16
+        notices = []
+        reused_after_drop = False
+        for i in range(8):
+            events = run_turn(session, f"Tell me story number {i} about the fox and the bird")
+            notices += [e for e in events if isinstance(e, ContextNotice)]
+            prepared, turn = session.last_prompt, session.turns[-1]
+            assert len(prepared.tokens) + session.reply_reserve() <= n_ctx
+            assert session.messages[0] == {"role": "system", "content": "Stories."}
+            assert turn.dropped_turns == prepared.dropped_turns
+            if prepared.dropped_turns:
+                # Trimmed with slack, so that the next turns fit without dropping again.
+                assert len(prepared.tokens) + session.reply_reserve() <= n_ctx * TRIM_TO
+            elif i and session.turns[-2].dropped_turns:
+                previous = session.turns[-2]
+                new_tokens = turn.prompt_tokens - previous.prompt_tokens - previous.generated_tokens
+                assert turn.prefill_tokens <= new_tokens + 2  # the cache is reused again after a drop
+                reused_after_drop = True
+        assert notices, "8 turns should overflow a 256-token context"
+        assert reused_after_drop
+        assert "old turn" in notices[0].message and "to fit the context" in notices[0].message
+        roles = [m["role"] for m in session.messages]
+        assert roles[0] == "system" and roles[1:] == ["user", "assistant"] * ((len(roles) - 1) // 2)
+        assert len(roles) < 1 + 2 * 8
+
+        with pytest.raises(ChatError, match="does not fit"):
+            session.send("fox " * 400)
+        assert session.messages[-1]["role"] == "assistant"  # the refused message was not added
+
+
+def test_piped_chat_reports_dropped_turns(fixture_models) -> None:
+    options = ChatOptions(temperature=0.0, max_tokens=16, history=False)
+    lines = "".join(f"Tell me story number {i} about the fox and the bird\n" for i in range(8))
+    with load(fixture_models.target, fixture_models.draft, n_ctx=256) as spec:
+        code, out, err = chat(spec, lines, options)
+    assert code == 0
+    assert re.search(r"dropped \d+ old turns? to fit the context", err)
+    assert err.count("prefill") == 8
+
+
+# -- templates ----------------------------------------------------------------------------------------
+
+
+def test_model_without_template_falls_back_to_chatml_with_a_notice(fixture_models) -> None:
+    with load(fixture_models.target, None, n_ctx=256) as spec:
+        session = ChatSession(spec, GREEDY)
+        assert session.template.is_fallback
+        assert "no chat template" in session.template_notice and "ChatML" in session.template_notice
+        prepared = session.prepare("Hello")
+        assert prepared.text == "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+        assert prepared.tokens[0] == spec.target.vocab_info().bos  # BOS added by the tokenizer
+        assert session.stops == ["<|im_end|>", "</s>"]
+
+
+def test_qwen2_chatml_template_from_the_gguf(qwen2_model) -> None:
+    with load(qwen2_model, "ngram", n_ctx=512) as spec:
+        session = ChatSession(spec, ChatOptions(temperature=0.0, max_tokens=12, history=False))
+        assert not session.template.is_fallback and session.template_notice is None
+        assert "<|im_end|>" in session.stops
+        prepared = session.prepare("Hello")
+        assert prepared.text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+        im_start = spec.target.tokenize("<|im_start|>", add_special=False, parse_special=True)
+        assert len(im_start) == 1  # a control token, parsed as one
+        assert prepared.tokens.count(im_start[0]) == 3  # system, user, assistant
+        run_turn(session, "Hello")
+        first = session.turns[-1]
+        run_turn(session, "And then?")
+        second = session.turns[-1]
+        assert second.prefill_tokens < second.prompt_tokens - first.prompt_tokens + 2
+        code, out, err = chat(spec, "Hello\n", ChatOptions(temperature=0.0, max_tokens=8, history=False))
+        assert code == 0 and "note:" not in err
+
+
+def test_llama3_template_renders_header_tokens_and_one_bos(llama3_model) -> None:
+    with load(llama3_model, None, n_ctx=512) as spec:
+        session = ChatSession(spec, ChatOptions(system="  Be brief.  ", temperature=0.0, max_tokens=8,
+                                                history=False))
+        assert not session.template.is_fallback
+        assert session.template.bos_token == "<|begin_of_text|>"
+        assert session.stops == ["<|eot_id|>"]
+        prepared = session.prepare("Hi there")
+        assert prepared.text == (
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
+        vocab = spec.target.vocab_info()
+        header = spec.target.tokenize("<|start_header_id|>", add_special=False, parse_special=True)
+        assert len(header) == 1
+        assert prepared.tokens[0] == vocab.bos and prepared.tokens.count(vocab.bos) == 1  # not doubled
+        assert prepared.tokens.count(header[0]) == 3
+        events = run_turn(session, "Hi there")
+        assert isinstance(events[-1], DoneEvent)
+        assert session.messages[-1]["role"] == "assistant"
