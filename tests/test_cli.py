@@ -21,6 +21,10 @@ def invoke(*args: str, input: str | None = None):
     return runner.invoke(app, list(args), input=input, catch_exceptions=False)
 
 
+# One thread: the fixture models are tiny, and llama.cpp's thread handoff costs more than it saves.
+T1 = ("-t", "1")
+
+
 @pytest.fixture()
 def in_empty_dir(tmp_path, monkeypatch):
     """Run where no models.toml is found, so only paths resolve."""
@@ -31,7 +35,7 @@ def in_empty_dir(tmp_path, monkeypatch):
 
 
 def run_json(fixture_models, *extra: str) -> dict:
-    result = invoke("run", "--target", str(fixture_models.target), PROMPT, "-n", "24", "--json", *extra)
+    result = invoke("run", "--target", str(fixture_models.target), PROMPT, "-n", "24", "--json", *T1, *extra)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -63,7 +67,7 @@ def test_run_seed_is_reproducible(fixture_models, in_empty_dir) -> None:
 
 def test_run_prompt_from_stdin_and_plain_output(fixture_models, in_empty_dir) -> None:
     result = runner.invoke(
-        app, ["run", "--target", str(fixture_models.target), "-", "-n", "8", "--temp", "0"], input=PROMPT
+        app, ["run", "--target", str(fixture_models.target), "-", "-n", "8", "--temp", "0", *T1], input=PROMPT
     )
     assert result.exit_code == 0
     assert "generated_tokens: 8" in result.stderr
@@ -112,12 +116,12 @@ def test_models_toml_names_and_settings(fixture_models, in_empty_dir) -> None:
         f'[models.tiny]\npath = "{fixture_models.target}"\ndraft = "tinydraft"\ntemp = 0.0\nmax_tokens = 5\n'
         f'[models.tinydraft]\npath = "{fixture_models.draft}"\n'
     )
-    result = invoke("run", "-m", "tiny", PROMPT, "--json")
+    result = invoke("run", "-m", "tiny", PROMPT, "--json", *T1)
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["stats"]["generated_tokens"] == 5  # max_tokens from the file
     assert out["stats"]["drafted"] > 0  # the draft named in the file
-    override = json.loads(invoke("run", "-m", "tiny", PROMPT, "--json", "-n", "3").stdout)
+    override = json.loads(invoke("run", "-m", "tiny", PROMPT, "--json", "-n", "3", *T1).stdout)
     assert override["stats"]["generated_tokens"] == 3  # the flag wins
     listing = invoke("models")
     assert "tiny" in listing.stdout and "present" in listing.stdout

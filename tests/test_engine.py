@@ -24,7 +24,7 @@ def generate(spec, prompt, **kw) -> tuple[list[int], list]:
 
 def plain_greedy(model_path, prompt: str, n: int) -> list[int]:
     """Reference: the target's own greedy decoding, one token per llama_decode, no engine involved."""
-    with Model(model_path, ModelOptions(n_ctx=512)) as m:
+    with Model(model_path, ModelOptions(n_ctx=512, n_threads=1)) as m:
         tokens = m.tokenize(prompt)
         rows = m.decode(tokens, outputs="last")
         out = []
@@ -46,7 +46,7 @@ def pairs(fixture_models):
 def test_greedy_speculative_equals_plain_greedy(fixture_models, draft_max, drafter) -> None:
     expected = plain_greedy(fixture_models.target, PROMPT, 80)
     draft = "ngram" if drafter == "ngram" else fixture_models.draft
-    with load(fixture_models.target, draft, n_ctx=512, ngram=drafter == "combined") as spec:
+    with load(fixture_models.target, draft, n_ctx=512, ngram=drafter == "combined", n_threads=1) as spec:
         got, events = generate(spec, PROMPT, max_tokens=80, sampling=GREEDY, draft_max=draft_max)
         assert got == expected
         # Both caches hold exactly the committed context minus the pending token.
@@ -61,10 +61,10 @@ def test_greedy_equivalence_on_real_trained_pair(shared_models) -> None:
     target, draft = shared_models.target, shared_models.draft
     expected = plain_greedy(target, PROMPT, 64)
     for k in (1, 3, 4, "auto"):
-        with load(target, draft, n_ctx=512) as spec:
+        with load(target, draft, n_ctx=512, n_threads=1) as spec:
             got, _ = generate(spec, PROMPT, max_tokens=64, sampling=GREEDY, draft_max=k)
             assert got == expected, f"k={k}"
-    with load(target, draft, n_ctx=512) as spec:
+    with load(target, draft, n_ctx=512, n_threads=1) as spec:
         text = "".join(
             e.text
             for e in spec.generate(PROMPT, GenerationParams(max_tokens=20, sampling=GREEDY))
@@ -74,7 +74,7 @@ def test_greedy_equivalence_on_real_trained_pair(shared_models) -> None:
 
 
 def test_rollback_gives_the_logits_of_a_fresh_evaluation(fixture_models) -> None:
-    opts = ModelOptions(n_ctx=256)
+    opts = ModelOptions(n_ctx=256, n_threads=1)
     with Model(fixture_models.target, opts) as m, Model(fixture_models.target, opts) as fresh:
         prompt = m.tokenize(PROMPT)
         m.decode(prompt, outputs="none")
@@ -87,7 +87,7 @@ def test_rollback_gives_the_logits_of_a_fresh_evaluation(fixture_models) -> None
 
 
 def test_events_describe_each_round(fixture_models) -> None:
-    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
         _, events = generate(spec, PROMPT, max_tokens=40, sampling=GREEDY, draft_max=3)
     rounds = [e for e in events if isinstance(e, RoundEvent)]
     tokens = [e for e in events if isinstance(e, TokenEvent)]
@@ -104,7 +104,7 @@ def test_events_describe_each_round(fixture_models) -> None:
 
 
 def test_max_tokens_and_stop_strings(fixture_models) -> None:
-    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
         full, events = generate(spec, PROMPT, max_tokens=60, sampling=GREEDY, draft_max=4)
         text = events[-1].text
         stop = text[10:14]
@@ -119,7 +119,7 @@ def test_max_tokens_and_stop_strings(fixture_models) -> None:
 
 def test_reproducible_with_a_seed(fixture_models) -> None:
     params = dict(max_tokens=40, sampling=SamplingParams(temperature=1.0), seed=123, draft_max=3)
-    with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
         a, _ = generate(spec, PROMPT, **params)
         b, _ = generate(spec, PROMPT, **params)
     assert a == b
@@ -127,10 +127,10 @@ def test_reproducible_with_a_seed(fixture_models) -> None:
 
 def test_vocabulary_mismatch_is_refused(fixture_models) -> None:
     with pytest.raises(VocabMismatchError, match="cannot draft for"):
-        load(fixture_models.target, fixture_models.other_vocab, n_ctx=256)
+        load(fixture_models.target, fixture_models.other_vocab, n_ctx=256, n_threads=1)
     with (
-        Model(fixture_models.target, ModelOptions(n_ctx=64)) as t,
-        Model(fixture_models.draft, ModelOptions(n_ctx=64)) as d,
+        Model(fixture_models.target, ModelOptions(n_ctx=64, n_threads=1)) as t,
+        Model(fixture_models.draft, ModelOptions(n_ctx=64, n_threads=1)) as d,
     ):
         report = check_vocab(t, d)
         assert report.ok and report.checked_token_texts > 0
@@ -153,13 +153,13 @@ def test_sampled_tokens_follow_the_target_distribution(fixture_models, drafter) 
     """Positions 1 and 2 of many seeded generations against the target's exact distributions."""
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     trials = 1500
-    with Model(fixture_models.target, ModelOptions(n_ctx=256)) as ref:
+    with Model(fixture_models.target, ModelOptions(n_ctx=256, n_threads=1)) as ref:
         prompt = ref.tokenize(PROMPT)
         p1 = process_logits(ref.decode(prompt, outputs="last")[0], params)
 
     firsts, seconds = Counter(), Counter()
     draft = "ngram" if drafter == "ngram" else fixture_models.draft
-    with load(fixture_models.target, draft, n_ctx=256) as spec:
+    with load(fixture_models.target, draft, n_ctx=256, n_threads=1) as spec:
         for seed in range(trials):
             got, events = generate(spec, prompt, max_tokens=4, sampling=params, seed=seed, draft_max=3)
             firsts[got[0]] += 1
@@ -173,7 +173,7 @@ def test_sampled_tokens_follow_the_target_distribution(fixture_models, drafter) 
     # Position 2, given the most frequent first token: against p(. | prompt, t1).
     t1 = max(firsts, key=firsts.get)
     n_cond = firsts[t1]
-    with Model(fixture_models.target, ModelOptions(n_ctx=256)) as ref:
+    with Model(fixture_models.target, ModelOptions(n_ctx=256, n_threads=1)) as ref:
         p2 = process_logits(ref.decode([*prompt, t1], outputs="last")[0], params)
     freq2 = np.zeros_like(p2)
     for (a, b), c in seconds.items():
@@ -185,7 +185,7 @@ def test_sampled_tokens_follow_the_target_distribution(fixture_models, drafter) 
 def test_draft_distribution_differs_from_target(fixture_models) -> None:
     """Power check for the test above: the draft is far enough from the target to be caught."""
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    opts = ModelOptions(n_ctx=256)
+    opts = ModelOptions(n_ctx=256, n_threads=1)
     with Model(fixture_models.target, opts) as t, Model(fixture_models.draft, opts) as d:
         prompt = t.tokenize(PROMPT)
         p = process_logits(t.decode(prompt, outputs="last")[0], params)
