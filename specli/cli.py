@@ -304,6 +304,80 @@ def _stream(
 
 
 @app.command()
+def bench(
+    context: typer.Context,
+    target: str = TargetOpt,
+    draft: str | None = DraftOpt,
+    k: str = typer.Option("1,2,4,8", "-k", "--draft-max", help="Draft lengths to compare, e.g. 1,2,4,auto."),
+    temps: str = typer.Option("0,0.7,1.0", "--temp", help="Temperatures to compare, e.g. 0,0.7,1.0."),
+    prompts: Path | None = typer.Option(None, "--prompts", help="Your prompts: one per line, or JSONL."),
+    max_tokens: int = typer.Option(128, "-n", "--max-tokens", min=1, help="Tokens per run."),
+    repeat: int = typer.Option(3, "--repeat", min=1, help="Interleaved plain/speculative pairs per prompt."),
+    draft_p_min: float = DraftPMinOpt,
+    ngram: bool = NgramOpt,
+    top_k: int = TopKOpt,
+    top_p: float = TopPOpt,
+    min_p: float = MinPOpt,
+    seed: int = typer.Option(0, "-s", "--seed", help="Seed of the first pair (pairs share a seed)."),
+    ctx: int = typer.Option(2048, "-c", "--ctx", min=16, help="Context size in tokens."),
+    threads: int = ThreadsOpt,
+    gpu_layers: int = GpuLayersOpt,
+    json_path: Path | None = typer.Option(None, "--json", help="Write every figure to this JSON file."),
+    csv_path: Path | None = typer.Option(None, "--csv", help="Write one row per run to this CSV file."),
+    verbose: bool = VerboseOpt,
+    config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
+) -> None:
+    """Does speculation pay here? Plain and speculative runs, interleaved, side by side."""
+    from specli import llama
+    from specli.bench import (
+        BenchConfig,
+        load_prompts,
+        parse_k_list,
+        parse_temp_list,
+        run_bench,
+        write_csv,
+        write_json,
+    )
+    from specli.ui.bench_view import bench_progress, render_bench
+
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    with friendly_errors():
+        plan = plan_models(context, target, draft, no_draft=False, config=config)
+        if plan.draft is None:
+            raise UsageProblem("bench compares against a drafter: give --draft (a model, or 'ngram')")
+        llama.set_verbose(verbose)
+        v = plan.values
+        cfg = BenchConfig(
+            target=plan.target,
+            draft=plan.draft,
+            ks=parse_k_list(k),
+            temps=parse_temp_list(temps),
+            prompts=load_prompts(prompts) if prompts else None,
+            max_tokens=max_tokens,
+            repeat=repeat,
+            n_ctx=v["ctx"],
+            n_threads=v["threads"],
+            n_gpu_layers=v["gpu_layers"],
+            seed=seed,
+            top_k=v["top_k"],
+            top_p=v["top_p"],
+            min_p=v["min_p"],
+            draft_p_min=draft_p_min,
+            ngram=ngram,
+        )
+        with bench_progress(err) as progress:
+            result = run_bench(cfg, progress=progress)
+        if json_path:
+            write_json(result, json_path)
+        if csv_path:
+            write_csv(result, csv_path)
+        render_bench(result, out)
+        if result.interrupted:
+            raise typer.Exit(EXIT_INTERRUPTED)
+
+
+@app.command()
 def chat(
     context: typer.Context,
     name: str | None = typer.Argument(

@@ -52,11 +52,12 @@ class _SourceEstimate:
 class AutoK(DraftPolicy):
     k_max: int = 12
     decay: float = 0.9  # per round: the estimate follows changes in the text within ~10 rounds
-    probe_every: int = 12  # rounds at k = 0 between probes
+    probe_every: int = 12  # rounds at k = 0 before the first probe
     sources: dict[str, _SourceEstimate] = field(default_factory=dict)
     # verify cost by batch size m: [decayed count, decayed seconds]
     verify: dict[int, list[float]] = field(default_factory=dict)
     rounds_at_zero: int = 0
+    probe_interval: int = 12  # grows while probes keep finding that k = 0 is best
     history: list[int] = field(default_factory=list)
 
     def _verify_model(self) -> tuple[float, float] | None:
@@ -78,31 +79,35 @@ class AutoK(DraftPolicy):
         a = max(my - b * mx, 1e-9)
         return a, b
 
-    def predicted_rate(self, source: str | None, k: int) -> float | None:
+    def predicted_rates(self, source: str | None) -> list[float] | None:
+        """Predicted tokens/second for k = 0..k_max (None until a verify time has been measured)."""
         model = self._verify_model()
         if model is None:
             return None
         a, b = model
-        t_verify = a + b * k
-        if k == 0 or source is None:
-            return 1.0 / t_verify
-        est = self.sources.get(source, _SourceEstimate())
+        est = self.sources.get(source or "", _SourceEstimate())
         c_draft = est.draft_seconds / est.drafted if est.drafted else 0.1 * a
-        return expected_tokens_per_round(est.alpha, k) / (k * c_draft + t_verify)
+        rates = [1.0 / a]
+        for k in range(1, self.k_max + 1):
+            rates.append(expected_tokens_per_round(est.alpha, k) / (k * c_draft + a + b * k))
+        return rates
 
     def choose_k(self, source: str | None, round_index: int) -> int:
-        if source is None or not self.verify:
+        rates = self.predicted_rates(source) if source is not None else None
+        if rates is None:
             k = 0  # the first round measures T_v(1)
         else:
-            rates = [(self.predicted_rate(source, k) or 0.0, -k) for k in range(self.k_max + 1)]
-            k = -max(rates)[1]
+            k = max(range(len(rates)), key=rates.__getitem__)  # ties: the smallest k
             if k == 0:
                 self.rounds_at_zero += 1
-                if self.rounds_at_zero >= self.probe_every:
+                if self.rounds_at_zero >= self.probe_interval:
+                    # Probe; if speculation still does not pay, wait twice as long before the next.
                     self.rounds_at_zero = 0
+                    self.probe_interval = min(2 * self.probe_interval, 256)
                     k = 2
             else:
                 self.rounds_at_zero = 0
+                self.probe_interval = self.probe_every
         self.history.append(k)
         return k
 
