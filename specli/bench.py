@@ -230,6 +230,9 @@ class BenchConfig:
     min_p: float = 0.05
     draft_p_min: float = 0.0
     ngram: bool = False  # with a draft model: combined drafting (n-gram matches first)
+    # As llama-bench: every run generates exactly max_tokens, so plain and speculative runs compare
+    # the same amount of work even at T > 0, where they stop at different places.
+    ignore_eos: bool = True
     warmup_tokens: int = 16
     curve_repeats: int = 8  # timed decodes per batch size (at least) for the verify-cost curve
     # Alternate which half of a pair runs first (plain-spec, spec-plain, ...), so that whatever the
@@ -620,7 +623,7 @@ def _warm_up(loaded: _Loaded, config: BenchConfig, prompt: list[int], progress: 
     for engine, k_run in ((loaded.plain, 1), (loaded.spec, k)):
         loaded.reset()
         for _ in engine.generate(prompt, GenerationParams(max_tokens=n, sampling=sampling, seed=config.seed,
-                                                          draft_max=k_run)):
+                                                          draft_max=k_run, ignore_eos=config.ignore_eos)):
             pass
         _step(progress, "speculative" if engine is loaded.spec else "plain")
 
@@ -710,7 +713,8 @@ def _run_pairs(loaded: _Loaded, config: BenchConfig, prompts: list[BenchPrompt],
                     for position, mode in enumerate(_pair_order(config, pair)):
                         engine = loaded.spec if mode == "spec" else loaded.plain
                         params = GenerationParams(max_tokens=config.max_tokens, sampling=sampling, seed=seed,
-                                                  draft_max=k if mode == "spec" else 1)
+                                                  draft_max=k if mode == "spec" else 1,
+                                                  ignore_eos=config.ignore_eos)
                         loaded.reset()
                         stats, out = _timed_generation(engine, tokens, params)
                         done.append(_record(seq, temp, k, prompt.name, rep, pair, mode, position, seed,

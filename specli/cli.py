@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +210,9 @@ def run(
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
     stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", help="Never stop at end-of-text: generate -n tokens."
+    ),
     show_rejected: bool = typer.Option(
         False, "--show-rejected", help="Show rejected drafts, struck through."
     ),
@@ -226,10 +229,15 @@ def run(
             raise UsageProblem("--top-p must be in (0, 1]")
         text = _read_prompt(prompt)
         plan = plan_models(context, target, draft, no_draft=no_draft, config=config)
-        params = generation_params(plan.values, tuple(stop))
+        params = replace(generation_params(plan.values, tuple(stop)), ignore_eos=ignore_eos)
         spec = _load(plan, ngram=ngram, draft_p_min=draft_p_min, verbose=verbose, err=err)
         with spec:
             prompt_tokens = spec.tokenize(text)
+            if len(prompt_tokens) >= spec.target.n_ctx:
+                raise UsageProblem(
+                    f"the prompt is {len(prompt_tokens)} tokens but the context holds {spec.target.n_ctx}: "
+                    "raise --ctx or shorten the prompt"
+                )
             mode = "json" if json_out else ("terminal" if out.is_terminal else "pipe")
             interrupted = _stream(
                 spec, prompt_tokens, params, mode, out, err, show_rejected=show_rejected, prompt_text=text
@@ -258,6 +266,11 @@ def run(
 
                 print(file=sys.stdout, flush=True)
                 err.print(stats_lines(stats), highlight=False)
+        if stats.stop_reason == "context":
+            err.print(
+                f"[yellow]note:[/] the context ({spec.target.n_ctx} tokens) is full after "
+                f"{stats.n_generated} generated tokens; raise --ctx to generate more"
+            )
         if interrupted:
             raise typer.Exit(EXIT_INTERRUPTED)
 
@@ -322,6 +335,9 @@ def bench(
     ctx: int = typer.Option(2048, "-c", "--ctx", min=16, help="Context size in tokens."),
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
+    ignore_eos: bool = typer.Option(
+        True, "--ignore-eos/--stop-at-eos", help="Generate exactly -n tokens per run (as llama-bench)."
+    ),
     json_path: Path | None = typer.Option(None, "--json", help="Write every figure to this JSON file."),
     csv_path: Path | None = typer.Option(None, "--csv", help="Write one row per run to this CSV file."),
     verbose: bool = VerboseOpt,
@@ -365,6 +381,7 @@ def bench(
             min_p=v["min_p"],
             draft_p_min=draft_p_min,
             ngram=ngram,
+            ignore_eos=ignore_eos,
         )
         with bench_progress(err) as progress:
             result = run_bench(cfg, progress=progress)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -38,6 +38,7 @@ class GenerationParams:
     seed: int | None = None
     stop: Sequence[str] = ()
     draft_max: int | str = "auto"  # tokens drafted per round, or "auto"
+    ignore_eos: bool = False  # never sample end-of-generation tokens (benchmarks, soak tests)
 
     def policy(self) -> DraftPolicy:
         if self.draft_max == "auto":
@@ -56,7 +57,7 @@ def speculative_step(
     d = np.asarray(draft.tokens, dtype=np.int64)
     k = d.shape[0]
     if sampling.greedy:
-        choice = [greedy_token(row) for row in target_rows]
+        choice = [greedy_token(row, sampling.banned) for row in target_rows]
         matches = np.asarray(choice[:k]) == d
         n = k if matches.all() else int(matches.argmin())
         return draft.tokens[:n] + [choice[n]], n
@@ -184,6 +185,8 @@ class SpeculativeEngine:
             raise ValueError("the prompt is empty: nothing to continue")
         target, drafter = self.target, self.drafter
         sampling = params.sampling
+        if params.ignore_eos:
+            sampling = replace(sampling, banned=(*sampling.banned, *target.eog_tokens()))
         rng = np.random.default_rng(params.seed)
         self.stats = stats = GenerationStats()
         self._stream = stream = _TextStream(target, params.stop)

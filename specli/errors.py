@@ -51,8 +51,12 @@ def friendly_errors() -> Iterator[None]:
         pass
     try:
         yield
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+    except (typer.Exit, typer.Abort):
         raise
+    except KeyboardInterrupt:
+        # Outside a generation (loading, prompt setup): nothing to report but the interruption.
+        print("specli: interrupted", file=sys.stderr, flush=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:
         # The reader went away (`specli run ... | head -1`): end quietly. Point stdout at devnull so
         # the interpreter's final flush does not complain again.

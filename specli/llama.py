@@ -139,6 +139,7 @@ class Model:
             self._batch.seq_id[i][0] = 0
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self._pieces: dict[int, bytes] = {}
+        self._eog: tuple[int, ...] | None = None
         self.decode_seconds = 0.0  # wall time inside llama_decode, for the overhead figure
 
     # -- facts ---------------------------------------------------------------------------------------
@@ -169,6 +170,12 @@ class Model:
 
     def is_eog(self, token: int) -> bool:
         return bool(llc.llama_vocab_is_eog(self._vocab, token))
+
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation id (EOS, EOT, <|im_end|> ...), found once by scanning the vocabulary."""
+        if self._eog is None:
+            self._eog = tuple(t for t in range(self.n_vocab) if llc.llama_vocab_is_eog(self._vocab, t))
+        return self._eog
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)

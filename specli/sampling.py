@@ -29,6 +29,7 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
     min_p: float = 0.0  # 0.0: off
+    banned: tuple[int, ...] = ()  # ids that are never sampled (--ignore-eos bans end-of-generation)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -52,8 +53,17 @@ def _check_finite(logits: np.ndarray) -> None:
         raise SamplingError("the model produced NaN or infinite logits; refusing to sample from them")
 
 
-def greedy_token(logits: np.ndarray) -> int:
+def _without_banned(logits: np.ndarray, banned: tuple[int, ...]) -> np.ndarray:
+    if not banned:
+        return logits
+    row = logits.copy()
+    row[[t for t in banned if t < row.shape[0]]] = -np.inf
+    return row
+
+
+def greedy_token(logits: np.ndarray, banned: tuple[int, ...] = ()) -> int:
     """argmax of one row (ties go to the lowest id, as llama.cpp's greedy sampler)."""
+    logits = _without_banned(logits, banned)
     _check_finite(logits)
     return int(np.argmax(logits))
 
@@ -121,6 +131,7 @@ def process_logits(logits: np.ndarray, params: SamplingParams, *, out_width: int
     if params.greedy:
         raise ValueError("greedy decoding uses greedy_token, not a distribution")
     row = logits if out_width is None or out_width >= logits.shape[0] else logits[:out_width]
+    row = _without_banned(row, params.banned)
     _check_finite(row)
     width = out_width or row.shape[0]
     inv_t = np.float32(1.0 / params.temperature)

@@ -45,7 +45,7 @@ class DraftModelDrafter(Drafter):
         for i in range(k):
             row = rows[0] if rows.shape[1] <= width else rows[0, :width]
             if params.greedy:
-                token = greedy_token(row)
+                token = greedy_token(row, params.banned)
                 confidence = _top_probability(row) if self.p_min else 1.0
             else:
                 q = process_logits(row, params, out_width=width)
