@@ -266,34 +266,47 @@ class Model:
         t0 = time.perf_counter()
         try:
             rc = llc.llama_decode(self._ctx, b)
-        except BaseException:
-            # Ctrl-C lands between bytecodes, so whether the decode happened is not known here: ask
-            # the cache itself, so `tokens` keeps describing what it holds.
             self.decode_seconds += time.perf_counter() - t0
-            held = llc.llama_memory_seq_pos_max(self._mem, 0) + 1
-            self.tokens.extend(chunk[: max(0, held - pos0)])
+            if rc != 0:
+                # Failed decodes may leave partial ubatches in memory: drop everything past what we hold.
+                llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+                if rc == 1:
+                    raise ContextFullError(f"context full: no KV slot for {m} tokens at position {pos0}")
+                raise LlamaError(f"llama_decode failed with code {rc}")
+            self.tokens.extend(chunk)
+        except BaseException:
+            self._resync(chunk, pos0)
             raise
-        self.decode_seconds += time.perf_counter() - t0
-        if rc != 0:
-            # Failed decodes may leave partial ubatches in memory: drop everything past what we hold.
-            llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
-            if rc == 1:
-                raise ContextFullError(f"context full: no KV slot for {m} tokens at position {pos0}")
-            raise LlamaError(f"llama_decode failed with code {rc}")
-        self.tokens.extend(chunk)
         return m if want_all else (1 if outputs == "last" else 0)
+
+    def _resync(self, chunk: Sequence[int], pos0: int) -> None:
+        """Make `tokens` describe the cache again after an exception (Ctrl-C lands between any two
+        bytecodes, so whether the last cache operation happened is not known): ask the cache."""
+        held = llc.llama_memory_seq_pos_max(self._mem, 0) + 1
+        if held < len(self.tokens):
+            del self.tokens[held:]
+        elif held > len(self.tokens):
+            self.tokens.extend(chunk[len(self.tokens) - pos0 : held - pos0])
 
     def truncate(self, n_keep: int) -> None:
         """Drop cache positions n_keep.. (a rejected draft suffix). Nothing kept is re-evaluated."""
         if n_keep >= self.n_past:
             return
-        if not llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
-            raise LlamaError(f"{self.path.name}: this model's cache cannot drop a partial suffix")
-        del self.tokens[n_keep:]
+        try:
+            if not llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+                raise LlamaError(f"{self.path.name}: this model's cache cannot drop a partial suffix")
+            del self.tokens[n_keep:]
+        except BaseException:
+            self._resync((), self.n_past)
+            raise
 
     def reset(self) -> None:
-        llc.llama_memory_clear(self._mem, True)
-        self.tokens.clear()
+        try:
+            llc.llama_memory_clear(self._mem, True)
+            self.tokens.clear()
+        except BaseException:
+            self._resync((), self.n_past)
+            raise
 
     def keep_common_prefix(self, context: Sequence[int]) -> int:
         """Truncate the cache to its longest common prefix with `context[:-1]`; return that length.
