@@ -275,12 +275,6 @@ def test_ctrl_c_prints_stats_and_exits_130(fixture_models, tmp_path, delay) -> N
     assert b"interrupted" in err
 
 
-def _interrupt_after(seconds: float) -> threading.Timer:
-    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    return timer
-
-
 def test_interrupts_anywhere_leave_the_caches_consistent(fixture_models) -> None:
     """SIGINT at many points (prompt evaluation, drafting, verification, bookkeeping): the cache
     records stay true, and the next generation is still exactly the greedy one."""
@@ -299,9 +293,10 @@ def test_interrupts_anywhere_leave_the_caches_consistent(fixture_models) -> None
                 ignore_eos=True,
                 seed=int(rng.integers(1000)),
             )
-            timer = _interrupt_after(float(rng.uniform(0.001, 0.05)))
+            timer = threading.Timer(float(rng.uniform(0.001, 0.05)), os.kill, (os.getpid(), signal.SIGINT))
             try:
                 try:
+                    timer.start()  # inside the try: a short timer can fire before start() returns
                     for _ in spec.generate(long_prompt, params):
                         pass
                 finally:
