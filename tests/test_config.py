@@ -582,8 +582,8 @@ def test_repo_models_toml_loads() -> None:
         assert cfg.models[target].draft == draft
     assert cfg.models["qwen2-7b"].path.name == "qwen2-7b-instruct-q4_k_m.gguf"
     assert cfg.models["qwen2-0.5b"].path.name == "qwen2-0_5b-instruct-q8_0.gguf"
-    assert cfg.models["demo-target"].path == REPO / "demo-models" / "demo-target.gguf"
-    assert cfg.models["demo-draft"].path == REPO / "demo-models" / "demo-draft.gguf"
+    assert cfg.models["demo-target"].path == REPO / "demo-models" / "specli-demo-target.gguf"
+    assert cfg.models["demo-draft"].path == REPO / "demo-models" / "specli-demo-draft.gguf"
     assert cfg.models["stories260k"].path == SHARED_MODELS / "stories260K.gguf"
     assert cfg.models["stories-draft"].path == SHARED_MODELS / "llama2xs-279K-draft.gguf"
     assert all(e.url.startswith("https://huggingface.co/") for e in cfg.models.values() if e.url)
