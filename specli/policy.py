@@ -58,7 +58,6 @@ class AutoK(DraftPolicy):
     verify: dict[int, list[float]] = field(default_factory=dict)
     rounds_at_zero: int = 0
     probe_interval: int = 12  # grows while probes keep finding that k = 0 is best
-    history: list[int] = field(default_factory=list)
 
     def _verify_model(self) -> tuple[float, float] | None:
         """(a, b) of T_v(m) = a + b (m - 1), weighted least squares over measured batch sizes."""
@@ -108,7 +107,6 @@ class AutoK(DraftPolicy):
             else:
                 self.rounds_at_zero = 0
                 self.probe_interval = self.probe_every
-        self.history.append(k)
         return k
 
     def observe(self, source: str | None, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
