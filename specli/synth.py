@@ -16,7 +16,7 @@ Three levels, from general to specific:
 * :func:`build_fixture_models` / :func:`build_fixture_pair`: tiny models for the test suite (a target,
   a partly-agreeing draft with the same vocabulary, a model with a different vocabulary, a target with
   a chat template), all built in well under a second. :func:`build_demo_pair`: a Qwen2-0.5B-shaped
-  target (~25 ms/token on 2 CPU cores) and a ~15x cheaper draft for ``specli demo-models``, learned
+  target (~25 ms/token on 2 CPU cores) and a ~12x cheaper draft for ``specli demo-models``, learned
   from the Python standard library's docstrings and comments in about 30 seconds.
 
 Everything is deterministic for a given seed (and, for the demo pair, a given Python standard library,
@@ -1095,8 +1095,8 @@ class DemoConfig:
 
     The default target has Qwen2-0.5B's transformer shape (896 wide, 24 layers, 14 query / 2 KV heads,
     FFN 4864; a smaller 8k vocabulary) and f16 weights: ~370M parameters, ~25 ms/token on 2 CPU cores.
-    The draft (512 wide, 6 layers) is ~15x cheaper per token and, by default, distilled: its factors
-    are the target's truncated, which makes it agree with the target's greedy choice ~55-60% of the time.
+    The draft (512 wide, 6 layers) is ~12x cheaper per token (~2 ms) and, by default, distilled: its
+    factors are the target's truncated, so it agrees with the target's greedy choice ~55-60% of the time.
     """
 
     n_vocab: int = 8192
@@ -1164,6 +1164,9 @@ def build_demo_pair(
     # rough shares of the build time on 2 cores, so that the reported fraction grows evenly
     stage_reporter(0.0, 0.05)("reading standard library docstrings", 0.0)
     documents = stdlib_docstrings(config.corpus_chars)
+    if sum(map(len, documents)) < 50_000:
+        stdlib = sysconfig.get_paths()["stdlib"]
+        raise RuntimeError(f"too little text in the standard library under {stdlib} to build the demo")
     stage_reporter(0.05, 0.12)("learning the vocabulary", 0.0)
     trained = train_vocab(documents, config.n_vocab)
     target, draft = config.target, config.draft
