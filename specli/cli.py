@@ -562,28 +562,32 @@ def demo(
     prompt: str = typer.Argument("The function returns", help="The prompt."),
     max_tokens: int = typer.Option(96, "-n", "--max-tokens", min=1, help="Tokens to generate at most."),
     temp: float = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy."),
+    draft_max: str = typer.Option(
+        "3", "-k", "--draft-max", help="Tokens drafted per round (fixed so the colours show), or 'auto'."
+    ),
 ) -> None:
     """Build the demo pair if needed, then show `specli run` on it: the live view in one command."""
     from specli.synth import DEMO_DRAFT_FILE, DEMO_TARGET_FILE
 
     if not (directory / DEMO_TARGET_FILE).is_file() or not (directory / DEMO_DRAFT_FILE).is_file():
         demo_models(directory, force=False)
-    app(
-        [
-            "run",
-            "--target",
-            str(directory / DEMO_TARGET_FILE),
-            "--draft",
-            str(directory / DEMO_DRAFT_FILE),
-            "-n",
-            str(max_tokens),
-            "--temp",
-            str(temp),
-            "--show-rejected",
-            prompt,
-        ],
-        standalone_mode=False,
-    )
+    target, draft = str(directory / DEMO_TARGET_FILE), str(directory / DEMO_DRAFT_FILE)
+    args = [
+        "run",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "-n",
+        str(max_tokens),
+        "--temp",
+        str(temp),
+        "-k",
+        draft_max,
+        "--show-rejected",
+        prompt,
+    ]
+    app(args, standalone_mode=False)
 
 
 def main() -> None:
