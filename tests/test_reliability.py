@@ -28,13 +28,30 @@ PROMPT = "Once upon a time"
 EXE = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
 
 
+def _env(cwd: Path) -> dict[str, str]:
+    """No models.toml from the user's config dir."""
+    env = {**os.environ, "XDG_CONFIG_HOME": str(cwd / "xdg")}
+    env.pop("SPECLI_CONFIG", None)
+    return env
+
+
 def specli(
     *args: str, cwd: Path, input: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "XDG_CONFIG_HOME": str(cwd / "xdg")}
-    env.pop("SPECLI_CONFIG", None)
     return subprocess.run(
-        [EXE, *args], capture_output=True, text=True, cwd=cwd, input=input, timeout=timeout, env=env
+        [EXE, *args], capture_output=True, text=True, cwd=cwd, input=input, timeout=timeout, env=_env(cwd)
+    )
+
+
+def start_specli(*args: str, cwd: Path, stdin=None) -> subprocess.Popen:
+    """`specli run` in the background, long enough to be interrupted: 1 thread, no EOS, a big context."""
+    return subprocess.Popen(
+        [EXE, "run", *args, "-c", "16384", "--ignore-eos", "-t", "1"],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=_env(cwd),
     )
 
 
@@ -238,34 +255,21 @@ def test_out_of_range_options_exit_2(fixture_models, tmp_path, args) -> None:
 
 @pytest.mark.parametrize("delay", [1.0, 2.0])
 def test_ctrl_c_prints_stats_and_exits_130(fixture_models, tmp_path, delay) -> None:
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text((PROMPT + " ") * 1500)  # a long prompt: early signals land in its evaluation
     with prompt_file.open() as stdin:
-        proc = subprocess.Popen(
-            [
-                EXE,
-                "run",
-                "--target",
-                str(fixture_models.target),
-                "--draft",
-                str(fixture_models.draft),
-                "-",
-                "-n",
-                "200000",
-                "-c",
-                "16384",
-                "--ignore-eos",
-                "-t",
-                "1",
-                "-k",
-                "3",
-            ],
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        proc = start_specli(
+            "--target",
+            str(fixture_models.target),
+            "--draft",
+            str(fixture_models.draft),
+            "-",
+            "-n",
+            "200000",
+            "-k",
+            "3",
             cwd=tmp_path,
-            env=env,
+            stdin=stdin,
         )
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
@@ -313,28 +317,15 @@ def test_interrupts_anywhere_leave_the_caches_consistent(fixture_models) -> None
 
 
 def test_ctrl_c_keeps_what_was_streamed(fixture_models, tmp_path) -> None:
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
-    proc = subprocess.Popen(
-        [
-            EXE,
-            "run",
-            "--target",
-            str(fixture_models.target),
-            "--draft",
-            str(fixture_models.draft),
-            PROMPT,
-            "-n",
-            "200000",
-            "-c",
-            "8192",
-            "--ignore-eos",
-            "-t",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    proc = start_specli(
+        "--target",
+        str(fixture_models.target),
+        "--draft",
+        str(fixture_models.draft),
+        PROMPT,
+        "-n",
+        "200000",
         cwd=tmp_path,
-        env=env,
     )
     first = proc.stdout.read(20)  # text has streamed
     proc.send_signal(signal.SIGINT)
@@ -346,27 +337,7 @@ def test_ctrl_c_keeps_what_was_streamed(fixture_models, tmp_path) -> None:
 
 
 def test_closed_stdout_ends_quietly(fixture_models, tmp_path) -> None:
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
-    proc = subprocess.Popen(
-        [
-            EXE,
-            "run",
-            "--target",
-            str(fixture_models.target),
-            PROMPT,
-            "-n",
-            "5000",
-            "-c",
-            "8192",
-            "--ignore-eos",
-            "-t",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-        env=env,
-    )
+    proc = start_specli("--target", str(fixture_models.target), PROMPT, "-n", "5000", cwd=tmp_path)
     proc.stdout.read(5)
     proc.stdout.close()  # like `specli run ... | head -c 5`
     err = proc.stderr.read()
