@@ -220,7 +220,7 @@ class SpeculativeEngine:
                 stop_reason = "context"
                 break
             t_start = time.perf_counter()
-            source = drafter.name if drafter else None
+            source = drafter.next_source(context) if drafter else None
             k = policy.choose_k(source, round_index) if drafter else 0
             # A round emits up to k + 1 tokens: do not draft past max_tokens or the context.
             k = max(0, min(k, params.max_tokens - n_emitted - 1, room))

@@ -191,3 +191,13 @@ def test_draft_distribution_differs_from_target(fixture_models) -> None:
         p = process_logits(t.decode(prompt, outputs="last")[0], params)
         q = process_logits(d.decode(prompt, outputs="last")[0], params, out_width=p.shape[0])
     assert _tv(p, q) > 3 * _null_threshold(p, 1500)
+
+
+def test_auto_k_keeps_estimates_per_proposer_when_combined(fixture_models) -> None:
+    """Combined drafting: the policy learns n-gram and draft-model acceptance separately."""
+    text = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, ngram=True, n_threads=1) as spec:
+        got, _ = generate(spec, text, max_tokens=60, sampling=GREEDY, draft_max="auto")
+        assert got == plain_greedy(fixture_models.target, text, 60)
+        assert set(spec.engine.policy.sources) <= {"ngram", "draft"}
+        assert spec.engine.policy.sources

@@ -38,6 +38,10 @@ class Drafter(ABC):
     def begin(self, context: list[int], sampling: SamplingParams, rng: np.random.Generator) -> None:
         """A generation starts over `context` (the prompt): prefill, reset indexes."""
 
+    def next_source(self, context: list[int]) -> str:
+        """Which proposer the next draft() will use (the policy keeps acceptance estimates per source)."""
+        return self.name
+
     @abstractmethod
     def draft(self, context: list[int], k: int) -> Draft:
         """Propose up to k tokens to follow `context` (committed tokens; the last is pending)."""

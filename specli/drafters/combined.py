@@ -25,9 +25,16 @@ class CombinedDrafter(Drafter):
         self.ngram.begin(context, sampling, rng)
         self.model_drafter.begin(context, sampling, rng)
 
-    def draft(self, context: list[int], k: int) -> Draft:
+    def _confident_match(self, context: list[int], k: int) -> list[int]:
         proposal = self.ngram.lookup(context, k)
-        if proposal and self.ngram.last_match_len >= self.min_match:
+        return proposal if proposal and self.ngram.last_match_len >= self.min_match else []
+
+    def next_source(self, context: list[int]) -> str:
+        return self.ngram.name if self._confident_match(context, 1) else self.model_drafter.name
+
+    def draft(self, context: list[int], k: int) -> Draft:
+        proposal = self._confident_match(context, k)
+        if proposal:
             return Draft(proposal, None, self.ngram.name)
         return self.model_drafter.draft(context, k)
 
