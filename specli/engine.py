@@ -252,6 +252,12 @@ class SpeculativeEngine:
             events: list[Event] = []
             emitted = 0
             for i, token in enumerate(new_tokens):
+                if i == n_accepted < k_drafted:
+                    # The rejected proposals come before the target's correction, as they were drafted.
+                    rejected = draft.tokens[n_accepted:]
+                    events.append(
+                        RejectedEvent(rejected, target.detokenize(rejected), round_index, draft.drafter)
+                    )
                 if target.is_eog(token):
                     stop_reason = "eos"
                     break
@@ -265,11 +271,6 @@ class SpeculativeEngine:
                     break
                 if n_emitted >= params.max_tokens:
                     break
-            if n_accepted < k_drafted:
-                rejected = draft.tokens[n_accepted:]
-                events.append(
-                    RejectedEvent(rejected, target.detokenize(rejected), round_index, draft.drafter)
-                )
             t_end = time.perf_counter()
             events.append(
                 RoundEvent(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from specli.events import Event, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
+from specli.events import Event, PromptEvent, RoundEvent, TokenEvent
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
@@ -60,11 +60,10 @@ class GenerationStats:
             self.k_per_round.append(event.k)
             if event.k:
                 self.accepted_per_round[event.accepted] += 1
+                self.rejections += event.accepted < event.k
             slot = self.verify_by_size.setdefault(event.k + 1, [0, 0.0])
             slot[0] += 1
             slot[1] += event.verify_seconds
-        elif isinstance(event, RejectedEvent):
-            self.rejections += 1
         elif isinstance(event, PromptEvent):
             self.n_prompt = event.n_prompt
             self.n_prompt_evaluated = event.n_evaluated
