@@ -570,7 +570,9 @@ class SynthModelConfig:
     ``skip_rank`` dims of skip-bigram factors and as many that layer 0's previous-token attention
     fills, ``seen_dims`` dims of random token codes and as many that layer 1's uniform attention
     fills with the context's average code, one constant dim (carries the unigram bias), one
-    norm-padding dim, zeros.
+    norm-padding dim, then (with ``induction``) ``induction_dims`` dims of random match codes, as
+    many that layer 2 fills with the previous token's match code, as many that layer 3 fills with
+    the one before it, and a dim that is 1 only at BOS (the induction head's attention sink); zeros.
     """
 
     n_embd: int
@@ -586,18 +588,38 @@ class SynthModelConfig:
     sharpness: float = 1.0  # logit multiplier: >1 lowers the next-token entropy
     noise_gain: float = 0.05  # rms of each random block's residual contribution (the residual has rms ~1)
     data_fraction: float = 1.0  # share of the training documents counted (a draft sees less data)
+    # Copying from the context, as real LMs do (layers 2-4, see ngram_llama_weights): when the last
+    # two tokens occurred before, the model switches to copy mode: a copy vector `induction` times
+    # the residual's norm takes over the final RMS norm, shrinking the n-gram logits about
+    # sqrt(1 + induction^2)-fold, and the token that followed gets ~seen_penalty sqrt(n_embd) / |z|
+    # nats. When only the current token occurred before, its successor gets `induction_single` nats.
+    induction: float = 0.0
+    induction_single: float = 0.0
+    induction_dims: int = 16  # match-code width per token (2 * induction_dims + 4 <= head_dim)
     rope_theta: float = 10000.0
     seed: int = 0
     name: str = "specli-synth"
 
     def __post_init__(self) -> None:
-        kv_width = self.n_head_kv * (self.n_embd // self.n_head)
-        if self.rank + 2 * self.skip_rank + 2 * self.seen_dims + 2 > self.n_embd:
-            raise ValueError(f"rank + 2 * skip_rank + 2 * seen_dims + 2 must be <= n_embd ({self.n_embd})")
+        head_dim = self.n_embd // self.n_head
+        kv_width = self.n_head_kv * head_dim
+        used = self.rank + 2 * self.skip_rank + 2 * self.seen_dims + 2
+        if self.induction:
+            used += 3 * self.induction_dims + 1
+        if used > self.n_embd:
+            raise ValueError(
+                "rank + 2 * skip_rank + 2 * seen_dims + 2 (+ 3 * induction_dims + 1 with induction) "
+                f"must be <= n_embd ({self.n_embd})"
+            )
         if self.skip_rank > kv_width or self.seen_dims > kv_width:
             raise ValueError(f"skip_rank and seen_dims must be <= n_head_kv * head_dim ({kv_width})")
         if self.seen_dims and self.n_layer < 2:
             raise ValueError("seen_dims needs n_layer >= 2 (the uniform head lives in layer 1)")
+        if self.induction:
+            if self.n_layer < 5 or self.n_head_kv < 2 or not 2 <= self.seen_dims <= head_dim:
+                raise ValueError("induction needs n_layer >= 5, n_head_kv >= 2, 2 <= seen_dims <= head_dim")
+            if 2 * self.induction_dims + 4 > head_dim:
+                raise ValueError(f"induction_dims must be <= head_dim / 2 - 2 ({head_dim // 2 - 2})")
 
     def spec(self, n_vocab: int, n_ctx_train: int = 4096) -> LlamaSpec:
         return LlamaSpec(
@@ -614,7 +636,7 @@ class SynthModelConfig:
 
 
 def ngram_llama_weights(
-    spec: LlamaSpec, factors: NgramFactors, config: SynthModelConfig
+    spec: LlamaSpec, factors: NgramFactors, config: SynthModelConfig, *, bos_id: int = 1
 ) -> dict[str, Callable[[], np.ndarray]]:
     """Lazy weights whose logits reproduce *factors* (up to the small random blocks' perturbation).
 
@@ -629,6 +651,19 @@ def ngram_llama_weights(
     * Output row of token j: ``[next_col_j / a, 0.., skip_col_j / b, 0.., -penalty * z_j / |z|^2,
       bias_j, 0..]``: bigram + skip-bigram + unigram logits, minus ``seen_penalty`` times (roughly)
       the share of the context that already is token j.
+    * With ``induction`` (copying): layers 2 and 3 are previous-token heads that write the random
+      match code u of the previous token into the prev slot and of the one before into the prev2
+      slot. Layer 4's queries carry u of the current and the previous token, its keys the prev and
+      prev2 slots, in the slowest RoPE pairs (so scores hardly depend on distance): a position
+      scores by how many of the two tokens before it equal the last two. A constant query against
+      the BOS sink scores between one and two, so KV group 0 attends to the positions that
+      *followed* an earlier occurrence of the last two tokens, or else to BOS. The value is the
+      attended token's seen code (zero at BOS), which goes negated into the seen slot, where the
+      output rows read it as a boost of the token to copy. Its norm is ``induction`` times the
+      residual's, so the final RMS norm shrinks everything else: the model switches to copy mode.
+      KV group 1's heads match the current token alone and add a plain ``induction_single`` nats.
+      A recency lane in the faster RoPE pairs keeps the current position from matching itself, so
+      that "x x x" does not copy itself forever.
     * All other blocks: random matrices scaled so each adds a residual contribution of rms noise_gain.
     """
     d, rank, skip_rank = spec.n_embd, factors.next_row.shape[1], factors.skip_row.shape[1]
@@ -648,6 +683,16 @@ def ngram_llama_weights(
         (spec.n_vocab, seen), dtype=np.float32
     )
     codes *= np.float32(code_norm) / np.maximum(np.linalg.norm(codes, axis=1, keepdims=True), 1e-6)
+    width = config.induction_dims if config.induction else 0
+    match_start = pad_dim + 1
+    sink_dim = match_start + 3 * width
+    match_norm = np.sqrt(0.05 * d)
+    if width:
+        codes[bos_id] = 0.0  # BOS is the induction head's "no match" sink: it must copy nothing
+        match_codes = np.random.default_rng([config.seed, 0x1D0C]).standard_normal(
+            (spec.n_vocab, width), dtype=np.float32
+        )
+        match_codes *= np.float32(match_norm) / np.linalg.norm(match_codes, axis=1, keepdims=True)
     # the filled slots raise the residual norm, so the final RMS norm shrinks all logits a little
     slot_energy = float(np.mean(np.square(factors.skip_row * skip_scale).sum(axis=1)))
     logit_gain = np.float32(np.sqrt(1.0 + slot_energy / d))
@@ -658,6 +703,9 @@ def ngram_llama_weights(
         emb[:, skip_start:skip_slot] = factors.skip_row * skip_scale
         emb[:, code_start:seen_slot] = codes
         emb[:, const_dim] = 1.0
+        if width:
+            emb[:, match_start : match_start + width] = match_codes
+            emb[bos_id, sink_dim] = 1.0
         used = np.square(emb).sum(axis=1)
         emb[:, pad_dim] = np.sqrt(np.maximum(d - used, 0.0))
         return emb
@@ -683,6 +731,15 @@ def ngram_llama_weights(
         zero_q = np.zeros((spec.n_head * spec.head_dim, d), dtype=np.float32)
         zero_k = np.zeros((spec.n_head_kv * spec.head_dim, d), dtype=np.float32)
         weights |= _copy_head(spec, 1, code_start, seen_slot, seen, zero_q, zero_k)
+    if width:
+        prev_slot, prev2_slot = match_start + width, match_start + 2 * width
+        q, k = _previous_token_query_key(spec, const_dim)
+        weights |= _copy_head(spec, 2, match_start, prev_slot, width, q, k, every_group=True)
+        weights |= _copy_head(spec, 3, prev_slot, prev2_slot, width, q, k, every_group=True)
+        weights |= _induction_head(
+            spec, 4, config, slots=(match_start, prev_slot, prev2_slot), match_norm=match_norm,
+            const_dim=const_dim, sink_dim=sink_dim, value=(code_start, seen_slot, code_norm),
+        )
     q_width = spec.n_head * spec.head_dim
     gains = {
         "attn_q": 1.0,
@@ -717,21 +774,34 @@ def _budget_scale(rows: np.ndarray, budget: float) -> float:
 
 
 def _copy_head(
-    spec: LlamaSpec, layer: int, src: int, dst: int, width: int, wq: np.ndarray, wk: np.ndarray
+    spec: LlamaSpec,
+    layer: int,
+    src: int,
+    dst: int,
+    width: int,
+    wq: np.ndarray,
+    wk: np.ndarray,
+    *,
+    every_group: bool = False,
 ) -> dict[str, Callable[[], np.ndarray]]:
     """Attention of *layer* that copies residual dims [src, src+width) of the attended tokens into
     [dst, dst+width); KV head g carries dims g*head_dim.., and all query heads of a group (which share
-    wq's pattern) split the output evenly."""
+    wq's pattern) split the output evenly. With *every_group*, every KV head carries all *width* <=
+    head_dim dims and all query heads split the output evenly."""
     d, hd, group = spec.n_embd, spec.head_dim, spec.n_head // spec.n_head_kv
 
     def wv() -> np.ndarray:
         m = np.zeros((spec.n_head_kv * hd, d), dtype=np.float32)
-        m[np.arange(width), src + np.arange(width)] = 1.0
+        for g in range(spec.n_head_kv if every_group else 1):
+            m[g * hd + np.arange(width), src + np.arange(width)] = 1.0
         return m
 
     def wo() -> np.ndarray:
         m = np.zeros((d, spec.n_head * hd), dtype=np.float32)
         for h in range(spec.n_head):
+            if every_group:
+                m[dst + np.arange(width), h * hd + np.arange(width)] = 1.0 / spec.n_head
+                continue
             g = h // group
             dims = np.arange(g * hd, min((g + 1) * hd, width))
             m[dst + dims, h * hd + dims - g * hd] = 1.0 / group
@@ -742,6 +812,70 @@ def _copy_head(
         f"blk.{layer}.attn_k.weight": lambda: wk,
         f"blk.{layer}.attn_v.weight": wv,
         f"blk.{layer}.attn_output.weight": wo,
+    }
+
+
+_MATCH_SCORE = 40.0  # attention score (nats) of a two-token match
+_SINK_SHARE = (0.75, 0.4)  # BOS sink score / match score: group 0 (two tokens), group 1 (one token)
+_RECENCY = 0.25  # score penalty / match score of the candidate at distance 0 (decaying with distance)
+
+
+def _induction_head(
+    spec: LlamaSpec,
+    layer: int,
+    config: SynthModelConfig,
+    *,
+    slots: tuple[int, int, int],
+    match_norm: float,
+    const_dim: int,
+    sink_dim: int,
+    value: tuple[int, int, float],
+) -> dict[str, Callable[[], np.ndarray]]:
+    """Layer *layer*'s attention: match on the last two tokens (KV group 0) or the current one
+    (group 1), copy the seen code; see ngram_llama_weights. *slots*: the match codes of tokens m,
+    m - 1 and m - 2; *value*: (code start, seen slot, code norm)."""
+    d, hd, group = spec.n_embd, spec.head_dim, spec.n_head // spec.n_head_kv
+    code_start, seen_slot, code_norm = value
+    width = config.induction_dims
+    # The slowest RoPE pairs carry the match lanes (the very last pair is the sink's). All faster
+    # pairs carry the recency lane: a constant query and key whose score sum_p cos(t theta_p) is 1 at
+    # distance t = 0 and averages out far away. It keeps the current position from matching itself
+    # (in "x x x" the last two tokens did occur before, one step back), which would copy x forever.
+    slow = np.arange(hd - 2 - 2 * width, hd - 2).reshape(2, width)
+    recency = np.arange(0, hd - 2 - 2 * width, 2)  # first dim of each pair: q, k = (a, 0) -> a^2 cos
+    recency_amplitude = np.sqrt(_RECENCY * _MATCH_SCORE * np.sqrt(hd) / len(recency))
+    # llama.cpp scales scores by 1/sqrt(head_dim): amplitude^2 |u|^2 / sqrt(hd) = half a match
+    amplitude = np.sqrt(_MATCH_SCORE * np.sqrt(hd) / 2) / match_norm
+    sink_key = np.sqrt(_MATCH_SCORE * np.sqrt(hd))
+    code = np.arange(config.seen_dims)
+    # Group 0 writes a copy vector `induction` times the residual's norm; group 1 a boost of
+    # `induction_single` nats (the output rows read the seen slot as -seen_penalty z / |z|^2).
+    scale = (config.induction * np.sqrt(d) / code_norm, config.induction_single / config.seen_penalty)
+    wq = np.zeros((spec.n_head * hd, d), dtype=np.float32)
+    wk = np.zeros((spec.n_head_kv * hd, d), dtype=np.float32)
+    wv = np.zeros((spec.n_head_kv * hd, d), dtype=np.float32)
+    wo = np.zeros((d, spec.n_head * hd), dtype=np.float32)
+    for h in range(spec.n_head):
+        g = h // group
+        if g > 1:
+            continue  # extra KV groups stay idle (zero output)
+        lanes = 2 if g == 0 else 1
+        for lane, slot in zip(slow[:lanes], slots[:lanes], strict=True):
+            wq[h * hd + lane, slot + np.arange(width)] = amplitude
+        wq[h * hd + recency, const_dim] = recency_amplitude
+        wq[h * hd + hd - 2, const_dim] = _SINK_SHARE[g] * sink_key
+        wo[seen_slot + code, h * hd + code] = -scale[g] / group
+    for g in range(spec.n_head_kv):
+        for lane, slot in zip(slow, slots[1:], strict=True):
+            wk[g * hd + lane, slot + np.arange(width)] = amplitude
+        wk[g * hd + recency, const_dim] = -recency_amplitude
+        wk[g * hd + hd - 2, sink_dim] = sink_key
+        wv[g * hd + code, code_start + code] = 1.0
+    return {
+        f"blk.{layer}.attn_q.weight": lambda: wq,
+        f"blk.{layer}.attn_k.weight": lambda: wk,
+        f"blk.{layer}.attn_v.weight": lambda: wv,
+        f"blk.{layer}.attn_output.weight": lambda: wo,
     }
 
 
@@ -831,7 +965,7 @@ def write_ngram_model(
         )
     factors = factors.truncated(config.rank, config.skip_rank)
     spec = config.spec(len(trained.vocab), n_ctx_train)
-    weights = ngram_llama_weights(spec, factors, config)
+    weights = ngram_llama_weights(spec, factors, config, bos_id=trained.vocab.bos_id)
     return write_llama_gguf(
         path, spec, trained.vocab, weights, dtype=dtype, chat_template=chat_template, progress=progress
     )
@@ -1115,6 +1249,10 @@ class DemoConfig:
         seen_penalty=10.0,
         sharpness=1.2,
         noise_gain=0.002,
+        induction=4.0,
+        induction_single=4.0,
+        induction_dims=16,
+        rope_theta=1e6,  # as Qwen2: the match lanes' RoPE pairs hardly rotate over the context
         seed=11,
         name="specli-demo-target",
     )
@@ -1124,12 +1262,16 @@ class DemoConfig:
         n_head=8,
         n_head_kv=2,
         n_ff=1408,
-        rank=300,
+        rank=280,
         skip_rank=64,
         seen_dims=32,
         seen_penalty=7.0,
         sharpness=1.2,
         noise_gain=0.003,
+        induction=4.0,
+        induction_single=4.0,
+        induction_dims=10,
+        rope_theta=1e6,
         seed=12,
         name="specli-demo-draft",
     )
