@@ -19,10 +19,11 @@ import numpy as np
 from specli.drafters.base import Draft, Drafter
 from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
 from specli.llama import Model
-from specli.policy import AutoK, DraftPolicy, FixedK
+from specli.policy import AutoK, CostModel, DraftPolicy, FixedK
 from specli.sampling import (
     SamplingParams,
     accept_prefix,
+    acceptance_probability,
     greedy_token,
     process_logits,
     residual_distribution,
@@ -40,9 +41,10 @@ class GenerationParams:
     draft_max: int | str = "auto"  # tokens drafted per round, or "auto"
     ignore_eos: bool = False  # never sample end-of-generation tokens (benchmarks, soak tests)
 
-    def policy(self) -> DraftPolicy:
+    def policy(self, costs: CostModel | None = None) -> DraftPolicy:
+        """The draft-length policy; auto learns with `costs` (the engine's, kept across generations)."""
         if self.draft_max == "auto":
-            return AutoK()
+            return AutoK(costs or CostModel())
         return FixedK(int(self.draft_max))
 
 
@@ -161,6 +163,8 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.stats = GenerationStats()
         self.policy: DraftPolicy | None = None
+        # What verifies and drafts cost on this machine: learned by auto, kept across generations.
+        self.costs = CostModel()
         self.context: list[int] = []  # committed tokens of the last generation (prompt + output)
         self._stream: _TextStream | None = None
 
@@ -190,7 +194,7 @@ class SpeculativeEngine:
         rng = np.random.default_rng(params.seed)
         self.stats = stats = GenerationStats()
         self._stream = stream = _TextStream(target, params.stop)
-        self.policy = policy = params.policy() if drafter else FixedK(0)
+        self.policy = policy = params.policy(self.costs) if drafter else FixedK(0)
         context = list(prompt)
         self.context = context
         if len(context) > target.n_ctx:
@@ -224,10 +228,19 @@ class SpeculativeEngine:
             k = policy.choose_k(source, round_index) if drafter else 0
             # A round emits up to k + 1 tokens: do not draft past max_tokens or the context.
             k = max(0, min(k, params.max_tokens - n_emitted - 1, room))
-            draft = drafter.draft(context, k) if k > 0 else Draft.empty(source or "plain")
+            # A shadow proposal: at k = 0 the drafter may still propose one token that the target does
+            # not verify (it decodes only the pending token). How likely it was to be accepted tells
+            # the policy whether drafting pays again, for one draft step and no target work.
+            shadow = k == 0 and drafter is not None and source is not None and policy.wants_shadow(source)
+            draft = drafter.draft(context, k or 1) if drafter and (k > 0 or shadow) else Draft.empty("plain")
+            proposal, draft = (draft, Draft.empty(draft.drafter)) if shadow else (None, draft)
             t_drafted = time.perf_counter()
             rows = target.decode([context[-1], *draft.tokens], outputs="all")
             t_verified = time.perf_counter()
+            if proposal is not None and proposal.tokens:
+                q = proposal.probs[0] if proposal.probs is not None else None
+                accepted_p = acceptance_probability(rows[0], proposal.tokens[0], q, sampling)
+                policy.observe_shadow(source, accepted_p, t_drafted - t_start)
 
             new_tokens, n_accepted = speculative_step(rows, draft, sampling, rng)
             target.truncate(len(context) + n_accepted)  # keep through d_n: cache = new context[:-1]
@@ -236,7 +249,7 @@ class SpeculativeEngine:
                 drafter.accept(context)
             k_drafted = len(draft.tokens)
             policy.observe(
-                draft.drafter if k_drafted else None,
+                source if k_drafted else None,
                 k_drafted,
                 n_accepted,
                 t_drafted - t_start,

@@ -1,17 +1,30 @@
 """How many tokens to draft each round: a fixed k, or `auto`, which maximizes predicted tokens/second.
 
-auto keeps, per drafter, a decayed estimate of the per-position acceptance alpha and of the draft
-cost per token, and a linear model of the target's verify cost T_v(m) = a + b (m - 1) fitted to the
-verify times it has measured. Each round it picks
+auto keeps, per proposal source, a decayed estimate of the per-position acceptance alpha, and uses
+a `CostModel` of what the round costs: the target's verify time T_v(m) for each batch size m (the
+median of its recent measurements) and the draft time per token of each source. Each round it picks
 
     k* = argmax_k  E(alpha, k) / (k c_d + T_v(k + 1)),   E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)
 
 where k = 0 (plain decoding, rate 1 / T_v(1)) is a valid answer. When it settles on k = 0 it still
-probes with a short draft now and then, so a text that becomes predictable is noticed.
+probes now and then (with the k that would pay best if any did), so a text that becomes
+predictable is noticed.
+
+Batch sizes not measured yet are predicted optimistically (the cheapest slope seen so far), so auto
+tries them once and learns their real cost. This matters on CPUs, where T_v is a staircase: m = 2
+can cost twice m = 1 while m = 3..6 cost little more than m = 2, and a straight line through the
+first two points would never let auto find that out.
+
+The cost model belongs to the engine and outlives a generation (it describes the machine and the
+models). Acceptance describes the text, so each generation learns it afresh, starting from the
+last generation's estimate (weighted as two positions) rather than from a blind prior.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from specli.stats import expected_tokens_per_round
@@ -23,6 +36,13 @@ class DraftPolicy:
 
     def observe(self, source: str | None, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
         """Feedback after a round: k proposed, accepted of those, and what the round cost."""
+
+    def wants_shadow(self, source: str) -> bool:
+        """Whether this plain round should also ask `source` for an unverified proposal."""
+        return False
+
+    def observe_shadow(self, source: str, acceptance: float, draft_s: float) -> None:
+        """A shadow proposal's acceptance probability, and what drafting it cost."""
 
 
 class FixedK(DraftPolicy):
@@ -36,12 +56,75 @@ class FixedK(DraftPolicy):
         return 0 if round_index == 1 else self.k
 
 
+# With one batched size measured, the extra cost per token assumed beyond it, as a share of T_v(1):
+# optimistic (GPUs are nearly flat), so that auto tries larger batches and measures them.
+_OPTIMISTIC_SLOPE = 0.05
+
+
+@dataclass
+class CostModel:
+    """Verify seconds by batch size and draft seconds per token by source, as measured so far."""
+
+    window: int = 9  # recent samples per batch size; their median resists bursts of machine load
+    verify: dict[int, deque[float]] = field(default_factory=dict)
+    draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
+    acceptance: dict[str, float] = field(default_factory=dict)  # source -> last alpha: the next prior
+
+    def observe_verify(self, m: int, seconds: float) -> None:
+        self.verify.setdefault(m, deque(maxlen=self.window)).append(seconds)
+
+    def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
+        slot = self.draft.setdefault(source, [0.0, 0.0])
+        slot[0] = decay * slot[0] + seconds
+        slot[1] = decay * slot[1] + tokens
+
+    def draft_seconds_per_token(self, source: str | None) -> float | None:
+        slot = self.draft.get(source or "")
+        return slot[0] / slot[1] if slot and slot[1] > 0 else None
+
+    def verify_seconds(self, m_max: int) -> list[float] | None:
+        """Predicted T_v(m) for m = 1..m_max (index m - 1); None until T_v(1) has been measured.
+
+        Measured sizes give their median, made non-decreasing in m; sizes between two measured ones
+        are interpolated; sizes above the largest measured one are extrapolated with the smallest
+        per-token slope measured between batched sizes (or an optimistic default).
+        """
+        if 1 not in self.verify:
+            return None
+        known = {m: statistics.median(s) for m, s in sorted(self.verify.items())}
+        running = 0.0
+        for m in known:
+            running = known[m] = max(known[m], running)
+        batched = [m for m in known if m >= 2]
+        slopes = [(known[b] - known[a]) / (b - a) for a, b in zip(batched, batched[1:], strict=False)]
+        slope = min(slopes) if slopes else _OPTIMISTIC_SLOPE * known[1]
+        sizes = sorted(known)
+        out: list[float] = []
+        for m in range(1, m_max + 1):
+            if m in known:
+                out.append(known[m])
+                continue
+            below = max(s for s in sizes if s < m)
+            above = [s for s in sizes if s > m]
+            if above:
+                a = above[0]
+                out.append(known[below] + (known[a] - known[below]) * (m - below) / (a - below))
+            elif below == 1:
+                # A batch costs at least what a single token does, plus the per-token slope.
+                out.append(known[1] * (1 + _OPTIMISTIC_SLOPE * (m - 1)))
+            else:
+                out.append(known[below] + slope * (m - below))
+        return out
+
+
+_PRIOR_ALPHA = 0.5  # for a source never seen: neither hopeless nor a sure thing
+_PRIOR_WEIGHT = 2.0  # positions the prior counts for: the first rounds' evidence soon outweighs it
+
+
 @dataclass
 class _SourceEstimate:
-    accepted: float = 1.2  # decayed counts; the prior says alpha = 0.6 over ~2 positions
-    examined: float = 2.0
-    draft_seconds: float = 0.0
-    drafted: float = 0.0
+    accepted: float = _PRIOR_ALPHA * _PRIOR_WEIGHT  # decayed counts
+    examined: float = _PRIOR_WEIGHT
 
     @property
     def alpha(self) -> float:
@@ -50,76 +133,80 @@ class _SourceEstimate:
 
 @dataclass
 class AutoK(DraftPolicy):
+    costs: CostModel = field(default_factory=CostModel)
     k_max: int = 12
     decay: float = 0.9  # per round: the estimate follows changes in the text within ~10 rounds
-    probe_every: int = 12  # rounds at k = 0 before the first probe
+    probe_every: int = 4  # rounds at k = 0 before the first probe
     sources: dict[str, _SourceEstimate] = field(default_factory=dict)
-    # verify cost by batch size m: [decayed count, decayed seconds]
-    verify: dict[int, list[float]] = field(default_factory=dict)
     rounds_at_zero: int = 0
-    probe_interval: int = 12  # grows while probes keep finding that k = 0 is best
+    probe_interval: int = 4  # doubles (to 256) after each probe that a draft token failed
+    probing: bool = False
 
-    def _verify_model(self) -> tuple[float, float] | None:
-        """(a, b) of T_v(m) = a + b (m - 1), weighted least squares over measured batch sizes."""
-        pts = [(m, s / c, c) for m, (c, s) in self.verify.items() if c > 0]
-        if not pts:
-            return None
-        if len(pts) == 1:
-            m, t, _ = pts[0]
-            # One point: assume the CPU-like prior that each extra token costs a quarter of one.
-            a = t / (1 + 0.25 * (m - 1))
-            return a, 0.25 * a
-        w = sum(c for _, _, c in pts)
-        mx = sum(c * (m - 1) for m, _, c in pts) / w
-        my = sum(c * t for _, t, c in pts) / w
-        sxx = sum(c * (m - 1 - mx) ** 2 for m, _, c in pts)
-        sxy = sum(c * (m - 1 - mx) * (t - my) for m, t, c in pts)
-        b = max(sxy / sxx, 0.0) if sxx > 0 else 0.0
-        a = max(my - b * mx, 1e-9)
-        return a, b
+    def _estimate(self, source: str) -> _SourceEstimate:
+        if source not in self.sources:
+            prior = self.costs.acceptance.get(source, _PRIOR_ALPHA)
+            self.sources[source] = _SourceEstimate(prior * _PRIOR_WEIGHT, _PRIOR_WEIGHT)
+        return self.sources[source]
 
     def predicted_rates(self, source: str | None) -> list[float] | None:
-        """Predicted tokens/second for k = 0..k_max (None until a verify time has been measured)."""
-        model = self._verify_model()
-        if model is None:
+        """Predicted tokens/second for k = 0..k_max (None until T_v(1) has been measured)."""
+        verify = self.costs.verify_seconds(self.k_max + 1)
+        if verify is None:
             return None
-        a, b = model
-        est = self.sources.get(source or "", _SourceEstimate())
-        c_draft = est.draft_seconds / est.drafted if est.drafted else 0.1 * a
-        rates = [1.0 / a]
-        for k in range(1, self.k_max + 1):
-            rates.append(expected_tokens_per_round(est.alpha, k) / (k * c_draft + a + b * k))
-        return rates
+        alpha = self._estimate(source or "").alpha
+        c_draft = self.costs.draft_seconds_per_token(source)
+        if c_draft is None:
+            c_draft = 0.1 * verify[0]  # a draft model ~10x cheaper than the target, until measured
+        return [
+            expected_tokens_per_round(alpha, k) / (k * c_draft + verify[k]) for k in range(self.k_max + 1)
+        ]
 
     def choose_k(self, source: str | None, round_index: int) -> int:
         rates = self.predicted_rates(source) if source is not None else None
         if rates is None:
-            k = 0  # the first round measures T_v(1)
-        else:
-            k = max(range(len(rates)), key=rates.__getitem__)  # ties: the smallest k
-            if k == 0:
-                self.rounds_at_zero += 1
-                if self.rounds_at_zero >= self.probe_interval:
-                    # Probe; if speculation still does not pay, wait twice as long before the next.
-                    self.rounds_at_zero = 0
-                    self.probe_interval = min(2 * self.probe_interval, 256)
-                    k = 2
-            else:
-                self.rounds_at_zero = 0
-                self.probe_interval = self.probe_every
-        return k
+            return 0  # the first round measures T_v(1)
+        k = max(range(len(rates)), key=rates.__getitem__)  # ties: the smallest k
+        self.probing = False
+        if k > 0:
+            self.rounds_at_zero = 0
+            self.probe_interval = self.probe_every
+            return k
+        self.rounds_at_zero += 1
+        if self.rounds_at_zero < self.probe_interval:
+            return 0
+        # Probe with the k that would pay best if any did: on a CPU staircase a longer probe costs
+        # little more than a short one and tells more.
+        self.rounds_at_zero = 0
+        self.probing = True
+        return max(range(1, len(rates)), key=rates.__getitem__)
+
+    def wants_shadow(self, source: str) -> bool:
+        # Shadow every plain round when drafting is cheap (n-gram lookup), less often when not, so
+        # that shadows cost at most ~3 % of plain decoding.
+        c_draft = self.costs.draft_seconds_per_token(source)
+        verify = self.costs.verify_seconds(1)
+        if c_draft is None or verify is None:
+            return True
+        return self.rounds_at_zero % max(1, math.ceil(c_draft / verify[0] / 0.03)) == 0
+
+    def observe_shadow(self, source: str, acceptance: float, draft_s: float) -> None:
+        self.costs.observe_draft(source, 1, draft_s)
+        est = self._estimate(source)
+        est.accepted = self.decay * est.accepted + acceptance
+        est.examined = self.decay * est.examined + 1
+        self.costs.acceptance[source] = est.alpha
 
     def observe(self, source: str | None, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        for slot in self.verify.values():
-            slot[0] *= self.decay**0.25  # cost changes slowly (machine load); acceptance quickly
-            slot[1] *= self.decay**0.25
-        slot = self.verify.setdefault(k + 1, [0.0, 0.0])
-        slot[0] += 1.0
-        slot[1] += verify_s
+        self.costs.observe_verify(k + 1, verify_s)
+        if self.probing:
+            # A probe that was fully accepted may have found predictable text: probe again soon.
+            # One that failed says k = 0 was right: wait twice as long before the next.
+            full = k > 0 and accepted == k
+            self.probe_interval = self.probe_every if full else min(2 * self.probe_interval, 256)
         if k == 0 or source is None:
             return
-        est = self.sources.setdefault(source, _SourceEstimate())
+        self.costs.observe_draft(source, k, draft_s)
+        est = self._estimate(source)
         est.accepted = self.decay * est.accepted + accepted
         est.examined = self.decay * est.examined + accepted + (1 if accepted < k else 0)
-        est.draft_seconds = self.decay * est.draft_seconds + draft_s
-        est.drafted = self.decay * est.drafted + k
+        self.costs.acceptance[source] = est.alpha

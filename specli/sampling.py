@@ -189,3 +189,18 @@ def residual_distribution(p: np.ndarray, q: np.ndarray | None, rejected_token: i
         # Only reachable through float rounding when p == q; then p itself is the right answer.
         return p
     return r / np.float32(total)
+
+
+def acceptance_probability(
+    target_logits: np.ndarray, token: int, q: np.ndarray | None, params: SamplingParams
+) -> float:
+    """How likely the exact rule accepts a proposal at a position whose target logits are given:
+    greedy, 1 if `token` is the argmax; sampling, sum_x min(p(x), q(x)) for a proposal drawn from q
+    (its expectation over the draw, a steadier estimate than one outcome), p(token) for a point mass
+    (q None)."""
+    if params.greedy:
+        return float(token == greedy_token(target_logits, params.banned))
+    p = process_logits(target_logits, params)
+    if q is None:
+        return float(p[token])
+    return float(np.minimum(p, q[: p.shape[0]]).sum())

@@ -120,7 +120,8 @@ def test_models_toml_names_and_settings(fixture_models, in_empty_dir) -> None:
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["stats"]["generated_tokens"] == 5  # max_tokens from the file
-    assert out["stats"]["drafted"] > 0  # the draft named in the file
+    # the draft named in the file did work (auto may only make shadow proposals in 5 tokens)
+    assert out["stats"]["draft_seconds"] > 0
     override = json.loads(invoke("run", "-m", "tiny", PROMPT, "--json", "-n", "3", *T1).stdout)
     assert override["stats"]["generated_tokens"] == 3  # the flag wins
     listing = invoke("models")

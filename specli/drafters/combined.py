@@ -30,7 +30,9 @@ class CombinedDrafter(Drafter):
         return proposal if proposal and self.ngram.last_match_len >= self.min_match else []
 
     def next_source(self, context: list[int]) -> str:
-        return self.ngram.name if self._confident_match(context, 1) else self.model_drafter.name
+        if self._confident_match(context, 1):
+            return self.ngram.next_source(context)
+        return self.model_drafter.name
 
     def draft(self, context: list[int], k: int) -> Draft:
         proposal = self._confident_match(context, k)

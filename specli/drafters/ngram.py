@@ -52,5 +52,11 @@ class NGramDrafter(Drafter):
         self.last_match_len = 0
         return []
 
+    def next_source(self, context: list[int]) -> str:
+        """"ngram/n" for a match of n tokens ("ngram/0": none): longer matches are accepted more
+        often, so the policy keeps an acceptance estimate for each length."""
+        self.lookup(context, 1)
+        return f"{self.name}/{self.last_match_len}"
+
     def draft(self, context: list[int], k: int) -> Draft:
         return Draft(self.lookup(context, k), None, self.name)

@@ -1,0 +1,139 @@
+"""The draft-length policy's arithmetic: cost prediction, k choice, probes (no model needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specli.policy import AutoK, CostModel
+from specli.stats import expected_tokens_per_round
+
+# A 2-core CPU's verify staircase (ms, from `specli bench` on the demo target): m = 2 costs 1.7x m = 1,
+# m = 3..6 little more, then another step.
+CPU_STAIRCASE = {1: 30.8, 2: 53.3, 3: 61.8, 4: 64.3, 5: 70.8, 6: 72.3, 7: 90.7, 8: 100.1, 9: 102.1}
+
+
+def _costs(points: dict[int, float], repeats: int = 3) -> CostModel:
+    costs = CostModel()
+    for _ in range(repeats):
+        for m, ms in points.items():
+            costs.observe_verify(m, ms / 1000)
+    return costs
+
+
+def test_nothing_predicted_before_a_single_token_verify_is_measured() -> None:
+    costs = CostModel()
+    assert costs.verify_seconds(5) is None
+    costs.observe_verify(3, 0.05)
+    assert costs.verify_seconds(5) is None
+    assert AutoK(costs).choose_k("draft", 0) == 0
+
+
+def test_measured_sizes_give_their_median_and_unmeasured_ones_are_interpolated() -> None:
+    costs = _costs({1: 10.0, 2: 20.0, 6: 28.0})
+    costs.observe_verify(2, 5.0)  # one burst of load: the median ignores it
+    predicted = costs.verify_seconds(6)
+    assert predicted is not None
+    assert predicted[0] == pytest.approx(0.010)
+    assert predicted[1] == pytest.approx(0.020)
+    assert predicted[3] == pytest.approx(0.024)  # m = 4, halfway between m = 2 and m = 6
+    assert predicted[5] == pytest.approx(0.028)
+
+
+def test_predictions_never_decrease_with_batch_size() -> None:
+    costs = _costs({1: 10.0, 2: 20.0, 3: 18.0, 4: 25.0})
+    predicted = costs.verify_seconds(8)
+    assert predicted == sorted(predicted)
+
+
+def test_unmeasured_larger_batches_are_predicted_optimistically() -> None:
+    """Above the largest measured size the prediction uses the cheapest slope seen, or a small default,
+    so that auto tries a larger k once rather than never learning the staircase."""
+    only_two = _costs({1: 30.8, 2: 53.3}).verify_seconds(13)
+    assert only_two is not None
+    # A straight line through m = 1, 2 would predict 30.8 + 8 * 22.5 = 210.8 ms for m = 9; it costs 102.
+    assert only_two[8] < 0.102
+    three = _costs({1: 30.8, 2: 53.3, 3: 61.8}).verify_seconds(13)
+    assert three is not None
+    assert three[8] == pytest.approx(0.0618 + 6 * 0.0085)
+
+
+def test_auto_explores_past_the_first_step_of_a_cpu_staircase_and_settles() -> None:
+    """With a high acceptance, auto starts from m = 1 and 2 measured and ends at the k the true curve
+    favours, measuring each size it tries."""
+    costs = _costs({1: CPU_STAIRCASE[1], 2: CPU_STAIRCASE[2]})
+    policy = AutoK(costs, k_max=8)
+    alpha = 0.8
+    chosen = []
+    for round_index in range(40):
+        k = policy.choose_k("ngram/3", round_index)
+        chosen.append(k)
+        accepted = round(alpha * k)  # a steady acceptance, whatever k is
+        verify_ms = CPU_STAIRCASE.get(k + 1, CPU_STAIRCASE[9] + 10 * (k - 8))
+        policy.observe("ngram/3", k, accepted, 0.0, verify_ms / 1000)
+    est = policy.sources["ngram/3"].alpha
+    true_rate = [expected_tokens_per_round(est, k) / CPU_STAIRCASE[k + 1] for k in range(9)]
+    best = max(range(9), key=true_rate.__getitem__)
+    assert max(chosen) > 1  # it left k = 1 (m = 2), which the two measured points alone would favour
+    assert chosen[-1] == best
+    assert true_rate[chosen[-1]] >= 0.97 * true_rate[best]
+
+
+def test_auto_chooses_plain_decoding_when_drafts_are_never_accepted_and_probes_with_backoff() -> None:
+    costs = _costs(CPU_STAIRCASE)
+    policy = AutoK(costs, probe_every=4)
+    probes = []
+    for round_index in range(200):
+        k = policy.choose_k("draft", round_index)
+        if k:
+            probes.append(round_index)
+        policy.observe("draft", k, 0, 0.002 * k, CPU_STAIRCASE.get(k + 1, 0.1) / 1000)
+    assert len(probes) >= 3
+    gaps = [b - a for a, b in zip(probes[1:], probes[2:], strict=False)]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # probes grow rarer
+
+
+def test_each_source_keeps_its_own_acceptance() -> None:
+    policy = AutoK(_costs(CPU_STAIRCASE), k_max=8)
+    for _ in range(20):
+        policy.observe("ngram/3", 4, 4, 0.0, 0.064)
+        policy.observe("ngram/1", 4, 0, 0.0, 0.064)
+    assert policy.sources["ngram/3"].alpha > 0.9
+    assert policy.sources["ngram/1"].alpha < 0.1
+    assert policy.choose_k("ngram/3", 50) >= 4
+    assert policy.choose_k("ngram/1", 51) == 0
+
+
+def test_shadow_proposals_teach_acceptance_while_plain_and_bring_drafting_back() -> None:
+    """At k = 0 no draft is verified, but shadow proposals (scored against the target's own row) keep
+    the estimate current, so auto starts drafting again when the text becomes predictable."""
+    policy = AutoK(_costs(CPU_STAIRCASE), k_max=8)
+    for _ in range(10):
+        policy.observe("draft", 4, 0, 0.008, 0.0643)
+    assert policy.choose_k("draft", 10) == 0
+    ks = []
+    for round_index in range(11, 40):
+        k = policy.choose_k("draft", round_index)
+        ks.append(k)
+        if k == 0:
+            if policy.wants_shadow("draft"):
+                policy.observe_shadow("draft", 1.0, 0.002)  # the draft would have been accepted
+            policy.observe(None, 0, 0, 0.002, 0.0308)
+        else:
+            policy.observe("draft", k, k, 0.002 * k, CPU_STAIRCASE[k + 1] / 1000)
+    assert ks[-1] >= 3
+    # probes alone (k = 1, fully accepted, every 4th round) would get there only after ~23 rounds
+    assert next(i for i, k in enumerate(ks) if k >= 3) < 16
+
+
+def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
+    costs = _costs(CPU_STAIRCASE)
+    costs.observe_draft("slow", 1, 0.010)  # a third of a target token: shadow every ~12th plain round
+    costs.observe_draft("free", 1, 0.0)
+    policy = AutoK(costs)
+    shadows = {"slow": 0, "free": 0}
+    for _ in range(48):
+        policy.rounds_at_zero += 1
+        for source in shadows:
+            shadows[source] += policy.wants_shadow(source)
+    assert shadows["free"] == 48
+    assert 2 <= shadows["slow"] <= 6
