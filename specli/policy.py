@@ -1,10 +1,15 @@
 """How many tokens to draft each round: a fixed k, or `auto`, which maximizes predicted tokens/second.
 
-auto keeps, per proposal source, a decayed estimate of the per-position acceptance alpha, and uses
-a `CostModel` of what the round costs: the target's verify time T_v(m) for each batch size m (the
-median of its recent measurements) and the draft time per token of each source. Each round it picks
+auto keeps, per proposal source, decayed estimates of the acceptance of a round's first draft token
+(a1) and of each later one given the one before was accepted (a2), and uses a `CostModel` of what
+the round costs: the target's verify time T_v(m) for each batch size m (the median of its recent
+measurements) and the draft time per token of each source. Each round it picks
 
-    k* = argmax_k  E(alpha, k) / (k c_d + T_v(k + 1)),   E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)
+    k* = argmax_k  E(k) / (k c_d + T_v(k + 1)),   E(k) = 1 + a1 (1 - a2^k) / (1 - a2)
+
+Two rates rather than Leviathan's single alpha because acceptance comes in runs: once the draft is
+on track (a passage it knows, a copy) it tends to stay there, so a2 > a1, and a single alpha fitted
+to both would make long drafts look worse than they are.
 
 where k = 0 (plain decoding, rate 1 / T_v(1)) is a valid answer. When it settles on k = 0 it still
 probes now and then (with the k that would pay best if any did), so a text that becomes
@@ -17,7 +22,7 @@ first two points would never let auto find that out.
 
 The cost model belongs to the engine and outlives a generation (it describes the machine and the
 models). Acceptance describes the text, so each generation learns it afresh, starting from the
-last generation's estimate (weighted as two positions) rather than from a blind prior.
+last generation's estimate halfway back to a neutral 0.5 (weighted as two positions).
 """
 
 from __future__ import annotations
@@ -26,8 +31,6 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-
-from specli.stats import expected_tokens_per_round
 
 
 class DraftPolicy:
@@ -68,7 +71,8 @@ class CostModel:
     window: int = 9  # recent samples per batch size; their median resists bursts of machine load
     verify: dict[int, deque[float]] = field(default_factory=dict)
     draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
-    acceptance: dict[str, float] = field(default_factory=dict)  # source -> last alpha: the next prior
+    # source -> its last (a1, a2) estimate: the next generation's prior
+    acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def observe_verify(self, m: int, seconds: float) -> None:
         self.verify.setdefault(m, deque(maxlen=self.window)).append(seconds)
@@ -123,12 +127,32 @@ _PRIOR_WEIGHT = 2.0  # positions the prior counts for: the first rounds' evidenc
 
 @dataclass
 class _SourceEstimate:
-    accepted: float = _PRIOR_ALPHA * _PRIOR_WEIGHT  # decayed counts
-    examined: float = _PRIOR_WEIGHT
+    """Decayed counts of accepted / examined draft tokens: first of their round, and later ones."""
+
+    first: list[float] = field(default_factory=lambda: [_PRIOR_ALPHA * _PRIOR_WEIGHT, _PRIOR_WEIGHT])
+    later: list[float] = field(default_factory=lambda: [_PRIOR_ALPHA * _PRIOR_WEIGHT, _PRIOR_WEIGHT])
+
+    @property
+    def a1(self) -> float:
+        return min(self.first[0] / self.first[1], 0.999)
+
+    @property
+    def a2(self) -> float:
+        return min(self.later[0] / self.later[1], 0.999)
 
     @property
     def alpha(self) -> float:
-        return min(self.accepted / self.examined, 0.999)
+        """Per-position acceptance over both kinds (what the stats call alpha)."""
+        return min((self.first[0] + self.later[0]) / (self.first[1] + self.later[1]), 0.999)
+
+    def expected_tokens(self, k: int) -> float:
+        """E[tokens a round emits] for k drafts: the accepted ones plus the target's own token."""
+        return 1.0 + self.a1 * (1.0 - self.a2**k) / (1.0 - self.a2)
+
+    def observe(self, decay: float, first: tuple[float, float], later: tuple[float, float]) -> None:
+        for slot, (accepted, examined) in ((self.first, first), (self.later, later)):
+            slot[0] = decay * slot[0] + accepted
+            slot[1] = decay * slot[1] + examined
 
 
 @dataclass
@@ -144,8 +168,13 @@ class AutoK(DraftPolicy):
 
     def _estimate(self, source: str) -> _SourceEstimate:
         if source not in self.sources:
-            prior = self.costs.acceptance.get(source, _PRIOR_ALPHA)
-            self.sources[source] = _SourceEstimate(prior * _PRIOR_WEIGHT, _PRIOR_WEIGHT)
+            # The last generation's estimate, halfway back to the neutral prior: the next text may
+            # be of another kind (a copy, then a chat), and overshooting k there is costly.
+            last = self.costs.acceptance.get(source, (_PRIOR_ALPHA, _PRIOR_ALPHA))
+            a1, a2 = ((a + _PRIOR_ALPHA) / 2 for a in last)
+            self.sources[source] = _SourceEstimate(
+                [a1 * _PRIOR_WEIGHT, _PRIOR_WEIGHT], [a2 * _PRIOR_WEIGHT, _PRIOR_WEIGHT]
+            )
         return self.sources[source]
 
     def predicted_rates(self, source: str | None) -> list[float] | None:
@@ -153,12 +182,12 @@ class AutoK(DraftPolicy):
         verify = self.costs.verify_seconds(self.k_max + 1)
         if verify is None:
             return None
-        alpha = self._estimate(source or "").alpha
+        est = self._estimate(source or "")
         c_draft = self.costs.draft_seconds_per_token(source)
         if c_draft is None:
             c_draft = 0.1 * verify[0]  # a draft model ~10x cheaper than the target, until measured
         return [
-            expected_tokens_per_round(alpha, k) / (k * c_draft + verify[k]) for k in range(self.k_max + 1)
+            est.expected_tokens(k) / (k * c_draft + verify[k]) for k in range(self.k_max + 1)
         ]
 
     def choose_k(self, source: str | None, round_index: int) -> int:
@@ -192,9 +221,8 @@ class AutoK(DraftPolicy):
     def observe_shadow(self, source: str, acceptance: float, draft_s: float) -> None:
         self.costs.observe_draft(source, 1, draft_s)
         est = self._estimate(source)
-        est.accepted = self.decay * est.accepted + acceptance
-        est.examined = self.decay * est.examined + 1
-        self.costs.acceptance[source] = est.alpha
+        est.observe(self.decay, (acceptance, 1.0), (0.0, 0.0))
+        self.costs.acceptance[source] = (est.a1, est.a2)
 
     def observe(self, source: str | None, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.costs.observe_verify(k + 1, verify_s)
@@ -207,6 +235,7 @@ class AutoK(DraftPolicy):
             return
         self.costs.observe_draft(source, k, draft_s)
         est = self._estimate(source)
-        est.accepted = self.decay * est.accepted + accepted
-        est.examined = self.decay * est.examined + accepted + (1 if accepted < k else 0)
-        self.costs.acceptance[source] = est.alpha
+        # Examined: the accepted tokens and the first rejected one; the first token always.
+        later_examined = accepted - 1 + (1 if accepted < k else 0) if accepted else 0
+        est.observe(self.decay, (min(accepted, 1), 1.0), (max(accepted - 1, 0), later_examined))
+        self.costs.acceptance[source] = (est.a1, est.a2)

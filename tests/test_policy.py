@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from specli.policy import AutoK, CostModel
@@ -58,24 +60,25 @@ def test_unmeasured_larger_batches_are_predicted_optimistically() -> None:
 
 
 def test_auto_explores_past_the_first_step_of_a_cpu_staircase_and_settles() -> None:
-    """With a high acceptance, auto starts from m = 1 and 2 measured and ends at the k the true curve
+    """With a high acceptance, auto starts from m = 1 and 2 measured and ends at a k the true curve
     favours, measuring each size it tries."""
     costs = _costs({1: CPU_STAIRCASE[1], 2: CPU_STAIRCASE[2]})
     policy = AutoK(costs, k_max=8)
     alpha = 0.8
+    rng = random.Random(0)
     chosen = []
-    for round_index in range(40):
+    for round_index in range(60):
         k = policy.choose_k("ngram/3", round_index)
         chosen.append(k)
-        accepted = round(alpha * k)  # a steady acceptance, whatever k is
-        verify_ms = CPU_STAIRCASE.get(k + 1, CPU_STAIRCASE[9] + 10 * (k - 8))
-        policy.observe("ngram/3", k, accepted, 0.0, verify_ms / 1000)
-    est = policy.sources["ngram/3"].alpha
-    true_rate = [expected_tokens_per_round(est, k) / CPU_STAIRCASE[k + 1] for k in range(9)]
-    best = max(range(9), key=true_rate.__getitem__)
+        accepted = 0
+        while accepted < k and rng.random() < alpha:  # each draft token accepted with probability alpha
+            accepted += 1
+        policy.observe("ngram/3", k, accepted, 0.0, CPU_STAIRCASE[k + 1] / 1000)
+    true_rate = [expected_tokens_per_round(alpha, k) / CPU_STAIRCASE[k + 1] for k in range(9)]
+    best = max(true_rate)
     assert max(chosen) > 1  # it left k = 1 (m = 2), which the two measured points alone would favour
-    assert chosen[-1] == best
-    assert true_rate[chosen[-1]] >= 0.97 * true_rate[best]
+    settled = chosen[-20:]
+    assert sum(true_rate[k] for k in settled) / len(settled) >= 0.9 * best
 
 
 def test_auto_chooses_plain_decoding_when_drafts_are_never_accepted_and_probes_with_backoff() -> None:
