@@ -74,8 +74,19 @@ class CostModel:
     # source -> its last (a1, a2) estimate: the next generation's prior
     acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)
 
+    # The predicted curve is recomputed when a new size is measured or every `refresh` samples: a
+    # round on a tiny model takes well under a millisecond, and this runs every round.
+    refresh: int = 8
+    _curve: list[float] | None = field(default=None, repr=False)
+    _stale: int = 0
+
     def observe_verify(self, m: int, seconds: float) -> None:
+        if m not in self.verify:
+            self._curve = None
         self.verify.setdefault(m, deque(maxlen=self.window)).append(seconds)
+        self._stale += 1
+        if self._stale >= self.refresh:
+            self._curve, self._stale = None, 0
 
     def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
         slot = self.draft.setdefault(source, [0.0, 0.0])
@@ -93,6 +104,8 @@ class CostModel:
         are interpolated; sizes above the largest measured one are extrapolated with the smallest
         per-token slope measured between batched sizes (or an optimistic default).
         """
+        if self._curve is not None and len(self._curve) >= m_max:
+            return self._curve[:m_max]
         if 1 not in self.verify:
             return None
         known = {m: statistics.median(s) for m, s in sorted(self.verify.items())}
@@ -118,6 +131,7 @@ class CostModel:
                 out.append(known[1] * (1 + _OPTIMISTIC_SLOPE * (m - 1)))
             else:
                 out.append(known[below] + slope * (m - below))
+        self._curve = out
         return out
 
 

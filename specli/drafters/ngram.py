@@ -25,10 +25,12 @@ class NGramDrafter(Drafter):
         self._last_end: dict[int, dict[tuple[int, ...], int]] = {}
         self._indexed = 0  # positions whose preceding n-grams are indexed
         self.last_match_len = 0  # n of the last successful lookup (0: none), for combined drafting
+        self._last_lookup: tuple[int, int | None, int] | None = None  # (context length, start, n)
 
     def begin(self, context: list[int], sampling: SamplingParams, rng: np.random.Generator) -> None:
         self._last_end = {n: {} for n in range(self.n_min, self.n_max + 1)}
         self._indexed = 0
+        self._last_lookup = None
 
     def _index(self, context: list[int]) -> None:
         # Index n-grams ending before the final position only: the final n-gram is the query itself.
@@ -41,6 +43,11 @@ class NGramDrafter(Drafter):
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         """The continuation after the longest (n_max..n_min) most recent match of the context's tail."""
+        if self._last_lookup is not None and self._last_lookup[0] == len(context):
+            # The context only grows within a generation, so the same length is the same context as
+            # the last call (next_source, then draft): reuse its match.
+            _, start, self.last_match_len = self._last_lookup
+            return context[start : start + k] if start is not None else []
         self._index(context)
         for n in range(self.n_max, self.n_min - 1, -1):
             if len(context) < n:
@@ -48,8 +55,10 @@ class NGramDrafter(Drafter):
             start = self._last_end[n].get(tuple(context[-n:]))
             if start is not None and start < len(context):
                 self.last_match_len = n
+                self._last_lookup = (len(context), start, n)
                 return context[start : start + k]
         self.last_match_len = 0
+        self._last_lookup = (len(context), None, 0)
         return []
 
     def next_source(self, context: list[int]) -> str:
