@@ -27,6 +27,7 @@ last generation's estimate halfway back to a neutral 0.5 (weighted as two positi
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -134,7 +135,6 @@ class CostModel:
         return out
 
 
-_SHADOW_BUDGET = 0.03  # shadow proposals may cost this share of the plain rounds' time
 _PRIOR_ALPHA = 0.5  # for a source never seen: neither hopeless nor a sure thing
 _PRIOR_WEIGHT = 2.0  # positions the prior counts for: the first rounds' evidence soon outweighs it
 
@@ -179,8 +179,6 @@ class AutoK(DraftPolicy):
     rounds_at_zero: int = 0
     probe_interval: int = 4  # doubles (to 256) after each probe that a draft token failed
     probing: bool = False
-    shadow_seconds: float = 0.0  # spent on shadow proposals in this generation
-    plain_seconds: float = 0.0  # spent verifying plain rounds in this generation
 
     def _estimate(self, source: str) -> _SourceEstimate:
         if source not in self.sources:
@@ -226,23 +224,28 @@ class AutoK(DraftPolicy):
         return max(range(1, len(rates)), key=rates.__getitem__)
 
     def wants_shadow(self, source: str) -> bool:
-        # A time budget: shadows may cost up to 3 % of the plain rounds' time. Every plain round for
-        # n-gram lookup (free); for a draft model as often as its real cost allows, which includes
-        # catching up on every token committed since it last ran.
-        return self.shadow_seconds <= _SHADOW_BUDGET * self.plain_seconds
+        # Shadow every plain round when drafting is cheap (n-gram lookup), less often when not, so
+        # that shadows cost at most ~3 % of plain decoding.
+        c_draft = self.costs.draft_seconds_per_token(source)
+        verify = self.costs.verify_seconds(1)
+        if c_draft is None or verify is None:
+            return True
+        return self.rounds_at_zero % max(1, math.ceil(c_draft / verify[0] / 0.03)) == 0
 
     def observe_shadow(self, source: str, acceptance: float, draft_s: float) -> None:
-        self.shadow_seconds += draft_s
+        self.costs.observe_draft(source, 1, draft_s)
         est = self._estimate(source)
         est.observe(self.decay, (acceptance, 1.0), (0.0, 0.0))
         self.costs.acceptance[source] = (est.a1, est.a2)
 
     def observe(self, source: str | None, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.costs.observe_verify(k + 1, verify_s)
-        if k == 0:
-            self.plain_seconds += verify_s
+        if self.probing:
+            # A probe that was fully accepted may have found predictable text: probe again soon.
+            # One that failed says k = 0 was right: wait twice as long before the next.
+            full = k > 0 and accepted == k
+            self.probe_interval = self.probe_every if full else min(2 * self.probe_interval, 256)
         if k == 0 or source is None:
-            self.probing = False
             return
         self.costs.observe_draft(source, k, draft_s)
         est = self._estimate(source)
@@ -250,10 +253,3 @@ class AutoK(DraftPolicy):
         later_examined = accepted - 1 + (1 if accepted < k else 0) if accepted else 0
         est.observe(self.decay, (min(accepted, 1), 1.0), (max(accepted - 1, 0), later_examined))
         self.costs.acceptance[source] = (est.a1, est.a2)
-        if self.probing:
-            # A probe that makes drafting look worth it may have found predictable text: probe
-            # again soon. One that does not says k = 0 was right: wait twice as long.
-            rates = self.predicted_rates(source)
-            pays = rates is not None and max(range(len(rates)), key=rates.__getitem__) > 0
-            self.probe_interval = self.probe_every if pays else min(2 * self.probe_interval, 256)
-            self.probing = False
