@@ -43,7 +43,7 @@ DraftPMinOpt = typer.Option(
     "--draft-p-min",
     min=0.0,
     max=1.0,
-    help="Stop drafting when the draft's own confidence falls below P.",
+    help="Stop drafting in a round when the draft's top probability falls below P.",
 )
 NgramOpt = typer.Option(
     False, "--ngram", help="With a draft model: use n-gram matches first (combined drafting)."

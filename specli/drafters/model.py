@@ -15,8 +15,8 @@ class DraftModelDrafter(Drafter):
     Its cache lags the committed context by whatever it has not seen (the pending token, a bonus
     token, tokens another drafter proposed); draft() catches up in one batch before drafting.
 
-    p_min: stop drafting in a round when the draft's probability of its own next token falls below
-    it (llama.cpp's --draft-p-min); the low-confidence token is not proposed.
+    p_min: stop drafting in a round when the draft's top probability for the next position falls
+    below it (llama.cpp's --draft-p-min); nothing is proposed for that position.
     """
 
     name = "draft"
@@ -44,18 +44,19 @@ class DraftModelDrafter(Drafter):
         probs: list[np.ndarray] = []
         for i in range(k):
             row = rows[0] if rows.shape[1] <= width else rows[0, :width]
+            # Confidence is the draft's top probability, known before its token is drawn: a stop
+            # that depended on the drawn token would bias what gets proposed away from q, and the
+            # output away from the target's distribution.
             if params.greedy:
+                if self.p_min and _top_probability(row) < self.p_min:
+                    break
                 token = greedy_token(row, params.banned)
-                confidence = _top_probability(row) if self.p_min else 1.0
             else:
                 q = process_logits(row, params, out_width=width)
+                if float(q.max()) < self.p_min:
+                    break
                 token = sample(q, self._rng)
-                confidence = float(q[token])
                 probs.append(q)
-            if confidence < self.p_min:
-                if probs:
-                    probs.pop()
-                break
             tokens.append(token)
             if i + 1 < k:
                 rows = m.decode([token], outputs="last")
