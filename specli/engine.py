@@ -228,16 +228,22 @@ class SpeculativeEngine:
             k = policy.choose_k(source, round_index) if drafter else 0
             # A round emits up to k + 1 tokens: do not draft past max_tokens or the context.
             k = max(0, min(k, params.max_tokens - n_emitted - 1, room))
-            # A shadow proposal: at k = 0 the drafter may still propose one token that the target does
-            # not verify (it decodes only the pending token). How likely it was to be accepted tells
-            # the policy whether drafting pays again, for one draft step and no target work.
+            # A shadow: at k = 0 the drafter may still look at the next position without the target
+            # verifying anything there (it decodes only the pending token). How likely that proposal
+            # was to be accepted tells the policy whether drafting pays again, for one draft step.
             shadow = k == 0 and drafter is not None and source is not None and policy.wants_shadow(source)
-            draft = drafter.draft(context, k or 1) if drafter and (k > 0 or shadow) else Draft.empty("plain")
-            proposal, draft = (draft, Draft.empty(draft.drafter)) if shadow else (None, draft)
+            if drafter is not None and source is not None and (k > 0 or shadow):
+                draft = drafter.draft(context, k or 1, policy.gate(source, k or 1, shadow=shadow))
+            else:
+                draft = Draft.empty("plain")
+            # A drafter without confidence ignores the gate: set its shadow proposal aside, unverified.
+            proposal = draft if shadow and draft.tokens else None
+            if proposal is not None:
+                draft = Draft.empty(draft.drafter)
             t_drafted = time.perf_counter()
             rows = target.decode([context[-1], *draft.tokens], outputs="all")
             t_verified = time.perf_counter()
-            if proposal is not None and proposal.tokens:
+            if proposal is not None:
                 q = proposal.probs[0] if proposal.probs is not None else None
                 accepted_p = acceptance_probability(rows[0], proposal.tokens[0], q, sampling)
                 policy.observe_shadow(source, accepted_p, t_drafted - t_start)
@@ -248,13 +254,24 @@ class SpeculativeEngine:
             if drafter:
                 drafter.accept(context)
             k_drafted = len(draft.tokens)
+            # The policy learns what a draft position costs: a catch-up after plain rounds is left out,
+            # with the first position, which it evaluated in the same decode.
+            catch_up = draft.catch_up_seconds
             policy.observe(
-                source if k_drafted else None,
+                source,
                 k_drafted,
                 n_accepted,
-                t_drafted - t_start,
+                t_drafted - t_start - catch_up,
                 t_verified - t_drafted,
+                draft.confidence,
+                k_drafted + (draft.held is not None) - (catch_up > 0),
             )
+            held = draft.held
+            if held is not None and n_accepted == k_drafted and source is not None:
+                # The target's row at the position the gate stopped at is here anyway (the bonus row,
+                # or the only row of a plain round): score what the draft would have proposed.
+                accepted_p = acceptance_probability(rows[k_drafted], held.token, held.probs, sampling)
+                policy.observe_held(source, k_drafted, held.confidence, accepted_p)
 
             # Emit: accepted drafts, then the target's own token; stop at EOG or max_tokens.
             last_origin = (

@@ -30,15 +30,37 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
+
+from specli.drafters.base import DraftGate
 
 
 class DraftPolicy:
     def choose_k(self, source: str | None, round_index: int) -> int:
         raise NotImplementedError
 
-    def observe(self, source: str | None, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """Feedback after a round: k proposed, accepted of those, and what the round cost."""
+    def observe(
+        self,
+        source: str | None,
+        k: int,
+        accepted: int,
+        draft_s: float,
+        verify_s: float,
+        confidence: Sequence[float] = (),
+        positions: int | None = None,
+    ) -> None:
+        """Feedback after a round: k proposed, accepted of those, and what the round cost.
+
+        confidence: the drafter's top probability at each proposed position (if it has one);
+        positions: how many positions it drafted (k, plus one where a gate stopped it)."""
+
+    def gate(self, source: str, k: int, shadow: bool = False) -> DraftGate | None:
+        """This round's gate over k positions, for a drafter that knows its confidence (None: draft
+        all k). shadow: only look at the first position's confidence, propose nothing."""
+        return None
 
     def wants_shadow(self, source: str) -> bool:
         """Whether this plain round should also ask `source` for an unverified proposal."""
@@ -46,6 +68,9 @@ class DraftPolicy:
 
     def observe_shadow(self, source: str, acceptance: float, draft_s: float) -> None:
         """A shadow proposal's acceptance probability, and what drafting it cost."""
+
+    def observe_held(self, source: str, position: int, confidence: float, acceptance: float) -> None:
+        """A position a gate stopped at, scored against the target's row: how likely it was to pass."""
 
 
 class FixedK(DraftPolicy):
@@ -64,6 +89,43 @@ class FixedK(DraftPolicy):
 _OPTIMISTIC_SLOPE = 0.05
 
 
+# Confidence bins: finer near 1, where a draft that knows the text puts most of its tokens.
+_CONFIDENCE_EDGES = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98])
+_CONFIDENCE_MIDS = np.array([0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.925, 0.965, 0.99])
+
+
+@dataclass
+class Calibration:
+    """How often a drafter's token is accepted as a function of its top probability (confidence),
+    and how its confidence at a round's first position is distributed.
+
+    The acceptance per bin starts at the bin's own confidence (a calibrated draft), weighted as one
+    observation; it describes the pair of models and changes slowly. The first-position histogram
+    describes the text and follows it within ~10 rounds.
+    """
+
+    accepted: np.ndarray = field(default_factory=lambda: _CONFIDENCE_MIDS.copy())
+    seen: np.ndarray = field(default_factory=lambda: np.ones(len(_CONFIDENCE_MIDS)))
+    first: np.ndarray = field(default_factory=lambda: np.zeros(len(_CONFIDENCE_MIDS)))
+
+    @staticmethod
+    def bin(confidence: float) -> int:
+        return int(np.searchsorted(_CONFIDENCE_EDGES, confidence, side="right"))
+
+    def acceptance(self, confidence: float) -> float:
+        b = self.bin(confidence)
+        return float(self.accepted[b] / self.seen[b])
+
+    def observe(self, confidence: float, acceptance: float, decay: float = 0.98) -> None:
+        b = self.bin(confidence)
+        self.accepted[b] = decay * self.accepted[b] + acceptance
+        self.seen[b] = decay * self.seen[b] + 1.0
+
+    def observe_first(self, confidence: float, decay: float = 0.9) -> None:
+        self.first *= decay
+        self.first[self.bin(confidence)] += 1.0
+
+
 @dataclass
 class CostModel:
     """Verify seconds by batch size and draft seconds per token by source, as measured so far."""
@@ -73,6 +135,8 @@ class CostModel:
     draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
     # source -> its last (a1, a2) estimate: the next generation's prior
     acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # source -> acceptance by confidence, for drafters that report one (a draft model)
+    calibration: dict[str, Calibration] = field(default_factory=dict)
 
     # The predicted curve is recomputed when a new size is measured or every `refresh` samples: a
     # round on a tiny model takes well under a millisecond, and this runs every round.
@@ -179,6 +243,7 @@ class AutoK(DraftPolicy):
     rounds_at_zero: int = 0
     probe_interval: int = 4  # doubles (to 256) after each probe that a draft token failed
     probing: bool = False
+    rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed tokens, seconds of rounds
 
     def _estimate(self, source: str) -> _SourceEstimate:
         if source not in self.sources:
@@ -205,6 +270,8 @@ class AutoK(DraftPolicy):
         ]
 
     def choose_k(self, source: str | None, round_index: int) -> int:
+        if source is not None and source in self.costs.calibration:
+            return self._choose_gated(source)
         rates = self.predicted_rates(source) if source is not None else None
         if rates is None:
             return 0  # the first round measures T_v(1)
@@ -223,6 +290,67 @@ class AutoK(DraftPolicy):
         self.probing = True
         return max(range(1, len(rates)), key=rates.__getitem__)
 
+    # -- drafters that report their confidence: a gate decides each position ----------------------
+
+    def _gate_inputs(self, source: str) -> tuple[np.ndarray, float, float, float] | None:
+        """(T_v(1..k_max+1), draft seconds per position, a2, reference rate), once measured."""
+        verify = self.costs.verify_seconds(self.k_max + 1)
+        c_draft = self.costs.draft_seconds_per_token(source)
+        if verify is None or c_draft is None:
+            return None
+        tokens, seconds = self.rate
+        rate = max(1.0 / verify[0], tokens / seconds if seconds > 0 else 0.0)
+        return np.asarray(verify), c_draft, self._estimate(source).a2, rate
+
+    def _choose_gated(self, source: str) -> int:
+        """k_max if looking at the first position (one draft step) is worth its cost, given how the
+        draft's confidence there has been distributed lately and what each confidence is worth;
+        else 0. The gate then stops the round where the next position no longer pays."""
+        self.probing = False
+        inputs = self._gate_inputs(source)
+        cal = self.costs.calibration[source]
+        if inputs is not None and cal.first.sum() >= 1.0:
+            verify, c_draft, a2, rate = inputs
+            j = np.arange(1, self.k_max + 1)
+            run = (1.0 - a2**j) / (1.0 - a2)  # E[accepted] of j drafts, per unit of first acceptance
+            cost = rate * (verify[j] - verify[0] + (j - 1) * c_draft)  # in tokens forgone at `rate`
+            worth = np.maximum(0.0, (np.outer(cal.accepted / cal.seen, run) - cost).max(axis=1))
+            if cal.first @ worth / cal.first.sum() <= rate * c_draft:
+                self.rounds_at_zero += 1
+                return 0
+        self.rounds_at_zero = 0
+        return self.k_max
+
+    def gate(self, source: str, k: int, shadow: bool = False) -> DraftGate:
+        """Draft position i (of k) iff some draft length j > i then pays, a Dinkelbach step at the
+        reference rate r (the better of plain decoding and the recent rounds):
+
+            max_j  S f (1 - a2^(j-i)) / (1 - a2)  -  r [T_v(j+1) - T_v(i+1) + (j-i-1) c_d]  >  0
+
+        where S is the probability that positions 0..i-1 all pass, f the acceptance the calibration
+        gives position i's confidence, and later positions are assumed to pass at a2."""
+        inputs = self._gate_inputs(source)
+        survival = 1.0
+
+        def decide(i: int, confidence: float) -> bool:
+            nonlocal survival
+            cal = self.costs.calibration.setdefault(source, Calibration())
+            if i == 0:
+                cal.observe_first(confidence)
+            if shadow or inputs is None:
+                return not shadow
+            verify, c_draft, a2, rate = inputs
+            passing = survival * cal.acceptance(confidence)
+            n = np.arange(1, k - i + 1)  # j - i for j = i + 1 .. k
+            gain = passing * (1.0 - a2**n) / (1.0 - a2)
+            cost = rate * (verify[i + n] - verify[i] + (n - 1) * c_draft)
+            if float((gain - cost).max()) <= 0.0:
+                return False
+            survival = passing
+            return True
+
+        return decide
+
     def wants_shadow(self, source: str) -> bool:
         # Shadow every plain round when drafting is cheap (n-gram lookup), less often when not, so
         # that shadows cost at most ~3 % of plain decoding.
@@ -238,18 +366,49 @@ class AutoK(DraftPolicy):
         est.observe(self.decay, (acceptance, 1.0), (0.0, 0.0))
         self.costs.acceptance[source] = (est.a1, est.a2)
 
-    def observe(self, source: str | None, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe_held(self, source: str, position: int, confidence: float, acceptance: float) -> None:
+        cal = self.costs.calibration.get(source)
+        if cal is not None:
+            cal.observe(confidence, acceptance)
+        if position == 0:
+            # As a shadow: the first-position acceptance (what the stats show as alpha). A later
+            # position the gate held back is not one a2 describes (a2 is what a passed one gets);
+            # no extra decay, the round's own observe() already aged the estimate.
+            est = self._estimate(source)
+            est.observe(1.0, (acceptance, 1.0), (0.0, 0.0))
+            self.costs.acceptance[source] = (est.a1, est.a2)
+
+    def observe(
+        self,
+        source: str | None,
+        k: int,
+        accepted: int,
+        draft_s: float,
+        verify_s: float,
+        confidence: Sequence[float] = (),
+        positions: int | None = None,
+    ) -> None:
         self.costs.observe_verify(k + 1, verify_s)
+        self.rate[0] = self.decay * self.rate[0] + accepted + 1
+        self.rate[1] = self.decay * self.rate[1] + draft_s + verify_s
         if self.probing:
             # A probe that was fully accepted may have found predictable text: probe again soon.
             # One that failed says k = 0 was right: wait twice as long before the next.
             full = k > 0 and accepted == k
             self.probe_interval = self.probe_every if full else min(2 * self.probe_interval, 256)
-        if k == 0 or source is None:
+        if source is None:
             return
-        self.costs.observe_draft(source, k, draft_s)
+        positions = k if positions is None else positions
+        if positions:
+            self.costs.observe_draft(source, positions, draft_s)
+        if k == 0:
+            return
         est = self._estimate(source)
         # Examined: the accepted tokens and the first rejected one; the first token always.
         later_examined = accepted - 1 + (1 if accepted < k else 0) if accepted else 0
         est.observe(self.decay, (min(accepted, 1), 1.0), (max(accepted - 1, 0), later_examined))
         self.costs.acceptance[source] = (est.a1, est.a2)
+        cal = self.costs.calibration.get(source)
+        if cal is not None and confidence:
+            for i in range(min(accepted + 1, k, len(confidence))):
+                cal.observe(confidence[i], float(i < accepted))

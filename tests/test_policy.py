@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specli.policy import AutoK, CostModel
+from specli.policy import AutoK, Calibration, CostModel, _SourceEstimate
 from specli.stats import expected_tokens_per_round
 
 # A 2-core CPU's verify staircase (ms, from `specli bench` on the demo target): m = 2 costs 1.7x m = 1,
@@ -140,3 +140,71 @@ def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
             shadows[source] += policy.wants_shadow(source)
     assert shadows["free"] == 48
     assert 2 <= shadows["slow"] <= 6
+
+
+# -- drafters that report confidence: calibration and the per-position gate ----------------------------
+
+
+def _gated(c_draft: float = 0.0017, a2: float = 0.9) -> AutoK:
+    """auto over the CPU staircase for a draft model whose tokens are accepted when it is confident
+    (top probability above 0.9) and rejected when it is not."""
+    costs = _costs(CPU_STAIRCASE)
+    costs.observe_draft("draft", 1, c_draft)
+    cal = costs.calibration.setdefault("draft", Calibration())
+    for _ in range(30):
+        cal.observe(0.99, 1.0)
+        cal.observe(0.3, 0.0)
+    policy = AutoK(costs, k_max=8)
+    policy.sources["draft"] = _SourceEstimate([0.9, 1.0], [a2 * 10, 10.0])
+    return policy
+
+
+def _run_gate(policy: AutoK, confidences: list[float], k: int = 8) -> int:
+    gate = policy.gate("draft", k)
+    n = 0
+    while n < len(confidences) and gate(n, confidences[n]):
+        n += 1
+    return n
+
+
+def test_calibration_starts_from_the_confidence_and_learns_the_pair() -> None:
+    cal = Calibration()
+    assert cal.acceptance(0.99) == pytest.approx(0.99)
+    assert cal.acceptance(0.35) == pytest.approx(0.35)
+    for _ in range(50):
+        cal.observe(0.35, 1.0)  # this pair agrees even where the draft is unsure
+    assert cal.acceptance(0.35) > 0.9
+    assert cal.acceptance(0.99) == pytest.approx(0.99)
+
+
+def test_gate_drafts_while_confident_and_stops_at_a_doubtful_position() -> None:
+    policy = _gated()
+    assert _run_gate(policy, [0.99] * 8) == 8
+    assert _run_gate(policy, [0.99, 0.99, 0.99, 0.3, 0.99]) == 3
+    assert _run_gate(policy, [0.3, 0.99]) == 0
+
+
+def test_gate_weighs_each_position_against_the_verify_staircase() -> None:
+    """On this CPU going from m = 1 to m = 2 costs 0.73 of a token. A draft accepted 65 % of the time
+    is not worth that alone, but it is as the start of a run that probably goes on. When drafting a
+    position costs as much as a target token, even a sure draft is not worth looking at."""
+    assert _run_gate(_gated(a2=0.05), [0.65, 0.3]) == 0
+    assert _run_gate(_gated(a2=0.9), [0.65, 0.3]) == 1
+    for c_draft, k in ((0.0017, 8), (0.030, 0)):
+        policy = _gated(c_draft=c_draft)
+        for _ in range(5):
+            policy.costs.calibration["draft"].observe_first(0.99)
+        assert policy.choose_k("draft", 5) == k
+
+
+def test_auto_stops_looking_at_the_draft_when_it_is_never_confident_and_comes_back() -> None:
+    policy = _gated(c_draft=0.004)
+    for round_index in range(20):  # the text is hard: the draft is unsure at every first position
+        k = policy.choose_k("draft", round_index)
+        if k:
+            _run_gate(policy, [0.3], k)
+    assert policy.choose_k("draft", 20) == 0
+    for round_index in range(21, 40):  # now it is sure (seen in shadows)
+        if policy.choose_k("draft", round_index) == 0 and policy.wants_shadow("draft"):
+            assert not policy.gate("draft", 1, shadow=True)(0, 0.99)
+    assert policy.choose_k("draft", 40) == 8

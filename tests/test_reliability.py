@@ -133,6 +133,8 @@ def test_draft_equal_to_target_is_allowed_with_a_notice(fixture_models, tmp_path
         PROMPT,
         "-n",
         "8",
+        "-k",
+        "3",  # auto would rightly not draft with a draft as dear as the target
         "--temp",
         "0",
         "-t",

@@ -6,11 +6,26 @@ A new drafter is a new file implementing `Drafter`; the engine does not change.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from specli.sampling import SamplingParams
+
+# Asked before each position of a round is drafted: (position in the round, from 0; the drafter's top
+# probability there) -> draft it? The policy's way to stop a round early on a doubtful position.
+DraftGate = Callable[[int, float], bool]
+
+
+@dataclass
+class HeldPosition:
+    """The position where a gate stopped the draft: what would have been proposed there, so that the
+    engine can score it against the target's row when the target reaches that position anyway."""
+
+    token: int  # the draft's greedy token (what greedy drafting would have proposed)
+    probs: np.ndarray | None  # q at that position when sampling (its acceptance is sum min(p, q))
+    confidence: float
 
 
 @dataclass
@@ -19,11 +34,18 @@ class Draft:
 
     probs: the drafter's processed distribution q for each proposed position, shape (k, target
     vocab), or None for a deterministic proposal (a point mass, as n-gram lookup makes).
+    confidence: the drafter's top probability at each proposed position (empty: it has none, as
+    n-gram lookup). held: the position a gate stopped at, if one did. catch_up_seconds: time spent
+    evaluating committed tokens the drafter had not seen (after plain rounds), beyond the usual one
+    or two: a debt of the rounds before, not a cost of this draft's length.
     """
 
     tokens: list[int]
     probs: np.ndarray | None
     drafter: str
+    confidence: list[float] = field(default_factory=list)
+    held: HeldPosition | None = None
+    catch_up_seconds: float = 0.0
 
     @staticmethod
     def empty(drafter: str) -> Draft:
@@ -43,8 +65,11 @@ class Drafter(ABC):
         return self.name
 
     @abstractmethod
-    def draft(self, context: list[int], k: int) -> Draft:
-        """Propose up to k tokens to follow `context` (committed tokens; the last is pending)."""
+    def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
+        """Propose up to k tokens to follow `context` (committed tokens; the last is pending).
+
+        A drafter that knows its confidence asks `gate` before each position and stops where it
+        says no; one that does not (n-gram lookup) ignores it."""
 
     def accept(self, context: list[int]) -> None:
         """The round committed: `context` is the new committed sequence (roll back what was not)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specli.drafters.base import Draft, Drafter
+from specli.drafters.base import Draft, Drafter, DraftGate
 from specli.drafters.model import DraftModelDrafter
 from specli.drafters.ngram import NGramDrafter
 from specli.sampling import SamplingParams
@@ -34,11 +34,11 @@ class CombinedDrafter(Drafter):
             return self.ngram.next_source(context)
         return self.model_drafter.name
 
-    def draft(self, context: list[int], k: int) -> Draft:
+    def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         proposal = self._confident_match(context, k)
         if proposal:
             return Draft(proposal, None, self.ngram.name)
-        return self.model_drafter.draft(context, k)
+        return self.model_drafter.draft(context, k, gate)
 
     def accept(self, context: list[int]) -> None:
         self.model_drafter.accept(context)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from specli.drafters.base import Draft, Drafter
+from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition
 from specli.llama import Model
 from specli.sampling import SamplingParams, greedy_token, process_logits, sample
 
@@ -37,31 +39,42 @@ class DraftModelDrafter(Drafter):
             self.model.decode(context[self.model.n_past : -1], outputs="none")
         self._known_good = self.model.n_past
 
-    def draft(self, context: list[int], k: int) -> Draft:
+    def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         m, params, width = self.model, self._sampling, self.target_vocab
+        behind = len(context) - m.n_past  # usually the pending token, and a bonus token before it
+        t0 = time.perf_counter()
         rows = m.decode(context[m.n_past :], outputs="last")
+        catch_up = time.perf_counter() - t0 if behind > 2 else 0.0
         tokens: list[int] = []
         probs: list[np.ndarray] = []
+        confidence: list[float] = []
+        held = None
         for i in range(k):
             row = rows[0] if rows.shape[1] <= width else rows[0, :width]
             # Confidence is the draft's top probability, known before its token is drawn: a stop
             # that depended on the drawn token would bias what gets proposed away from q, and the
             # output away from the target's distribution.
-            if params.greedy:
-                if self.p_min and _top_probability(row) < self.p_min:
-                    break
+            q = None if params.greedy else process_logits(row, params, out_width=width)
+            if q is not None:
+                top = float(q.max())
+            else:  # a softmax over the vocabulary: only when something will look at it
+                top = _top_probability(row) if self.p_min or gate is not None else 1.0
+            if top < self.p_min:
+                break
+            if gate is not None and not gate(i, top):
+                held = HeldPosition(greedy_token(row, params.banned), q, top)
+                break
+            if q is None:
                 token = greedy_token(row, params.banned)
             else:
-                q = process_logits(row, params, out_width=width)
-                if float(q.max()) < self.p_min:
-                    break
                 token = sample(q, self._rng)
                 probs.append(q)
             tokens.append(token)
+            confidence.append(top)
             if i + 1 < k:
                 rows = m.decode([token], outputs="last")
         q_rows = np.stack(probs) if probs else None
-        return Draft(tokens, q_rows if not params.greedy else None, self.name)
+        return Draft(tokens, q_rows, self.name, confidence, held, catch_up)
 
     def accept(self, context: list[int]) -> None:
         m = self.model

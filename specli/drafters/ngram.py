@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specli.drafters.base import Draft, Drafter
+from specli.drafters.base import Draft, Drafter, DraftGate
 from specli.sampling import SamplingParams
 
 
@@ -67,5 +67,5 @@ class NGramDrafter(Drafter):
         self.lookup(context, 1)
         return f"{self.name}/{self.last_match_len}"
 
-    def draft(self, context: list[int], k: int) -> Draft:
-        return Draft(self.lookup(context, k), None, self.name)
+    def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
+        return Draft(self.lookup(context, k), None, self.name)  # no confidence: the gate has no say
