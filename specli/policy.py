@@ -23,6 +23,23 @@ first two points would never let auto find that out.
 The cost model belongs to the engine and outlives a generation (it describes the machine and the
 models). Acceptance describes the text, so each generation learns it afresh, starting from the
 last generation's estimate halfway back to a neutral 0.5 (weighted as two positions).
+
+A drafter that knows its confidence (a draft model: its top probability at each position) gets
+more than a k: a gate, asked before each position, that stops the round where drafting on no longer
+pays. The acceptance that goes with a confidence is learned per source (`Calibration`, from every
+verified position and from the positions the gate held back, scored against the target's row when
+it reaches them). Drafting on from position i pays if, for some length j > i,
+
+    S f (1 - f^(j-i)) / (1 - f)  >  r [T_v(j+1) - T_v(i+1) + (j-i-1) c_d]
+
+S: the chance that positions 0..i-1 all pass; f: the calibrated acceptance at position i, which
+the positions after it are assumed to share (confidence comes in runs; each is judged on its own
+when it is drafted); r: the
+reference rate (the better of plain decoding and the recent rounds), which prices time in tokens
+(a Dinkelbach step towards the best long-run rate). Whether to look at position 0 at all (a draft
+step) is decided by the same value averaged over the recent first-position confidences. A fixed k
+drafts every position, whatever the draft's doubts; the gate drafts 12 where the draft is sure (a
+copy) and none where it is guessing, which no fixed k (nor llama.cpp's fixed --draft-p-min) can.
 """
 
 from __future__ import annotations
@@ -107,6 +124,7 @@ class Calibration:
     accepted: np.ndarray = field(default_factory=lambda: _CONFIDENCE_MIDS.copy())
     seen: np.ndarray = field(default_factory=lambda: np.ones(len(_CONFIDENCE_MIDS)))
     first: np.ndarray = field(default_factory=lambda: np.zeros(len(_CONFIDENCE_MIDS)))
+    last_first: float = 0.0
 
     @staticmethod
     def bin(confidence: float) -> int:
@@ -124,6 +142,7 @@ class Calibration:
     def observe_first(self, confidence: float, decay: float = 0.9) -> None:
         self.first *= decay
         self.first[self.bin(confidence)] += 1.0
+        self.last_first = confidence
 
 
 @dataclass
@@ -142,6 +161,7 @@ class CostModel:
     # round on a tiny model takes well under a millisecond, and this runs every round.
     refresh: int = 8
     _curve: list[float] | None = field(default=None, repr=False)
+    _draft_seen: set[str] = field(default_factory=set, repr=False)
     _stale: int = 0
 
     def observe_verify(self, m: int, seconds: float) -> None:
@@ -153,6 +173,11 @@ class CostModel:
             self._curve, self._stale = None, 0
 
     def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
+        if source not in self._draft_seen:
+            # A model's first single-token decodes build their graphs: on a small draft that can
+            # take 10x a warm step, and a cost that high would stop auto from ever drafting again.
+            self._draft_seen.add(source)
+            return
         slot = self.draft.setdefault(source, [0.0, 0.0])
         slot[0] = decay * slot[0] + seconds
         slot[1] = decay * slot[1] + tokens
@@ -292,30 +317,34 @@ class AutoK(DraftPolicy):
 
     # -- drafters that report their confidence: a gate decides each position ----------------------
 
-    def _gate_inputs(self, source: str) -> tuple[np.ndarray, float, float, float] | None:
-        """(T_v(1..k_max+1), draft seconds per position, a2, reference rate), once measured."""
+    def _gate_inputs(self, source: str) -> tuple[np.ndarray, float, float] | None:
+        """(T_v(1..k_max+1), draft seconds per position, reference rate), once measured."""
         verify = self.costs.verify_seconds(self.k_max + 1)
         c_draft = self.costs.draft_seconds_per_token(source)
         if verify is None or c_draft is None:
             return None
         tokens, seconds = self.rate
         rate = max(1.0 / verify[0], tokens / seconds if seconds > 0 else 0.0)
-        return np.asarray(verify), c_draft, self._estimate(source).a2, rate
+        return np.asarray(verify), c_draft, rate
 
     def _choose_gated(self, source: str) -> int:
         """k_max if looking at the first position (one draft step) is worth its cost, given how the
-        draft's confidence there has been distributed lately and what each confidence is worth;
-        else 0. The gate then stops the round where the next position no longer pays."""
+        draft's confidence there has been distributed lately (or was the last time) and what each
+        confidence is worth; else 0. The gate then stops the round where the next position no longer pays."""
         self.probing = False
         inputs = self._gate_inputs(source)
         cal = self.costs.calibration[source]
         if inputs is not None and cal.first.sum() >= 1.0:
-            verify, c_draft, a2, rate = inputs
+            verify, c_draft, rate = inputs
             j = np.arange(1, self.k_max + 1)
-            run = (1.0 - a2**j) / (1.0 - a2)  # E[accepted] of j drafts, per unit of first acceptance
+            f = np.minimum(cal.accepted / cal.seen, 0.999)[:, None]  # per confidence bin
+            accepted = f * (1.0 - f**j) / (1.0 - f)  # E[accepted] of j drafts as sure as the first
             cost = rate * (verify[j] - verify[0] + (j - 1) * c_draft)  # in tokens forgone at `rate`
-            worth = np.maximum(0.0, (np.outer(cal.accepted / cal.seen, run) - cost).max(axis=1))
-            if cal.first @ worth / cal.first.sum() <= rate * c_draft:
+            worth = np.maximum(0.0, (accepted - cost).max(axis=1))
+            # Confidence comes in runs (a copy goes on), so the last first position seen predicts the
+            # next: a sure shadow brings drafting back at once, whatever the weeks before say.
+            expected = max(cal.first @ worth / cal.first.sum(), worth[cal.bin(cal.last_first)])
+            if expected <= rate * c_draft:
                 self.rounds_at_zero += 1
                 return 0
         self.rounds_at_zero = 0
@@ -325,10 +354,11 @@ class AutoK(DraftPolicy):
         """Draft position i (of k) iff some draft length j > i then pays, a Dinkelbach step at the
         reference rate r (the better of plain decoding and the recent rounds):
 
-            max_j  S f (1 - a2^(j-i)) / (1 - a2)  -  r [T_v(j+1) - T_v(i+1) + (j-i-1) c_d]  >  0
+            max_j  S f (1 - f^(j-i)) / (1 - f)  -  r [T_v(j+1) - T_v(i+1) + (j-i-1) c_d]  >  0
 
-        where S is the probability that positions 0..i-1 all pass, f the acceptance the calibration
-        gives position i's confidence, and later positions are assumed to pass at a2."""
+        where S is the probability that positions 0..i-1 all pass and f the acceptance that the
+        calibration gives position i's confidence. Later positions are assumed as sure as this one
+        (confidence comes in runs); each is judged on its own confidence when it is drafted."""
         inputs = self._gate_inputs(source)
         survival = 1.0
 
@@ -339,10 +369,11 @@ class AutoK(DraftPolicy):
                 cal.observe_first(confidence)
             if shadow or inputs is None:
                 return not shadow
-            verify, c_draft, a2, rate = inputs
-            passing = survival * cal.acceptance(confidence)
+            verify, c_draft, rate = inputs
+            f = min(cal.acceptance(confidence), 0.999)
+            passing = survival * f
             n = np.arange(1, k - i + 1)  # j - i for j = i + 1 .. k
-            gain = passing * (1.0 - a2**n) / (1.0 - a2)
+            gain = passing * (1.0 - f**n) / (1.0 - f)
             cost = rate * (verify[i + n] - verify[i] + (n - 1) * c_draft)
             if float((gain - cost).max()) <= 0.0:
                 return False
@@ -358,7 +389,8 @@ class AutoK(DraftPolicy):
         verify = self.costs.verify_seconds(1)
         if c_draft is None or verify is None:
             return True
-        return self.rounds_at_zero % max(1, math.ceil(c_draft / verify[0] / 0.03)) == 0
+        # At least every 64th round: the draft cost itself is learned from these.
+        return self.rounds_at_zero % min(64, max(1, math.ceil(c_draft / verify[0] / 0.03))) == 0
 
     def observe_shadow(self, source: str, acceptance: float, draft_s: float) -> None:
         self.costs.observe_draft(source, 1, draft_s)

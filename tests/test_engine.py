@@ -229,3 +229,17 @@ def test_auto_k_keeps_estimates_per_proposer_when_combined(fixture_models) -> No
         assert got == plain_greedy(fixture_models.target, text, 60)
         assert {source.split("/")[0] for source in spec.engine.policy.sources} <= {"ngram", "draft"}
         assert spec.engine.policy.sources
+
+
+def test_auto_gates_the_draft_model_by_its_confidence(fixture_models) -> None:
+    """With a draft model, auto learns what each confidence is worth (from verified tokens and from
+    positions the gate held back) and still gives the target's own greedy output."""
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        got, events = generate(spec, PROMPT, max_tokens=80, sampling=GREEDY, draft_max="auto")
+        assert got == plain_greedy(fixture_models.target, PROMPT, 80)
+        calibration = spec.engine.costs.calibration["draft"]
+        # Beyond the prior: at least the first round's shadow and the second round's draft, whatever
+        # the timings (which decide how much auto drafts after that).
+        assert calibration.seen.sum() > len(calibration.seen) + 1
+        assert calibration.first.sum() > 0
+        assert spec.target.tokens == spec.engine.context[:-1]
