@@ -269,6 +269,8 @@ class AutoK(DraftPolicy):
     probe_interval: int = 4  # doubles (to 256) after each probe that a draft token failed
     probing: bool = False
     rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed tokens, seconds of rounds
+    hopeless: bool = False  # drafting would not pay even at the draft's surest
+    _worth_cache: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
 
     def _estimate(self, source: str) -> _SourceEstimate:
         if source not in self.sources:
@@ -327,24 +329,45 @@ class AutoK(DraftPolicy):
         rate = max(1.0 / verify[0], tokens / seconds if seconds > 0 else 0.0)
         return np.asarray(verify), c_draft, rate
 
+    def _worth(self, source: str, inputs: tuple[np.ndarray, float, float]) -> np.ndarray:
+        """Per confidence bin, the tokens (beyond their cost at the reference rate) a round gains
+        whose first position has that confidence, the best length j chosen; 0 if none gains.
+        Recomputed every 8 rounds: it moves with the calibration and costs, which change slowly,
+        and on a model at half a millisecond per token this runs every round."""
+        if self._worth_cache is not None and self._worth_cache[0] == source and self._worth_cache[1] < 8:
+            self._worth_cache = (source, self._worth_cache[1] + 1, self._worth_cache[2])
+            return self._worth_cache[2]
+        verify, c_draft, rate = inputs
+        cal = self.costs.calibration[source]
+        j = np.arange(1, self.k_max + 1)
+        f = np.minimum(cal.accepted / cal.seen, 0.999)[:, None]
+        accepted = f * (1.0 - f**j) / (1.0 - f)  # E[accepted] of j drafts as sure as the first
+        cost = rate * (verify[j] - verify[0] + (j - 1) * c_draft)  # in tokens forgone at `rate`
+        worth = np.maximum(0.0, (accepted - cost).max(axis=1))
+        self._worth_cache = (source, 0, worth)
+        return worth
+
     def _choose_gated(self, source: str) -> int:
         """k_max if looking at the first position (one draft step) is worth its cost, given how the
         draft's confidence there has been distributed lately (or was the last time) and what each
-        confidence is worth; else 0. The gate then stops the round where the next position no longer pays."""
+        confidence is worth; else 0. The gate then stops the round where drafting on stops paying."""
         self.probing = False
+        if self.hopeless:  # nothing new is learned without drafts or shadows: it stays so
+            self.rounds_at_zero += 1
+            return 0
         inputs = self._gate_inputs(source)
         cal = self.costs.calibration[source]
         if inputs is not None and cal.first.sum() >= 1.0:
-            verify, c_draft, rate = inputs
-            j = np.arange(1, self.k_max + 1)
-            f = np.minimum(cal.accepted / cal.seen, 0.999)[:, None]  # per confidence bin
-            accepted = f * (1.0 - f**j) / (1.0 - f)  # E[accepted] of j drafts as sure as the first
-            cost = rate * (verify[j] - verify[0] + (j - 1) * c_draft)  # in tokens forgone at `rate`
-            worth = np.maximum(0.0, (accepted - cost).max(axis=1))
+            worth = self._worth(source, inputs)
+            price = inputs[2] * inputs[1]  # a draft step, in tokens at the reference rate
             # Confidence comes in runs (a copy goes on), so the last first position seen predicts the
-            # next: a sure shadow brings drafting back at once, whatever the weeks before say.
-            expected = max(cal.first @ worth / cal.first.sum(), worth[cal.bin(cal.last_first)])
-            if expected <= rate * c_draft:
+            # next: a sure shadow brings drafting back at once, whatever the rounds before say.
+            expected = max(float(cal.first @ worth) / cal.first.sum(), worth[cal.bin(cal.last_first)])
+            if expected <= price:
+                # If even the draft's surest band does not pay, shadows are no use either: each one
+                # has to catch the draft up on every plain token since the last, which on a draft
+                # as dear as the target costs as much as the speculation it would bring back.
+                self.hopeless = float(worth.max()) <= price
                 self.rounds_at_zero += 1
                 return 0
         self.rounds_at_zero = 0
@@ -368,7 +391,7 @@ class AutoK(DraftPolicy):
             if i == 0:
                 cal.observe_first(confidence)
             if shadow or inputs is None:
-                return not shadow
+                return not shadow and i < 2  # costs unknown: a short draft measures them
             verify, c_draft, rate = inputs
             f = min(cal.acceptance(confidence), 0.999)
             passing = survival * f
@@ -384,7 +407,10 @@ class AutoK(DraftPolicy):
 
     def wants_shadow(self, source: str) -> bool:
         # Shadow every plain round when drafting is cheap (n-gram lookup), less often when not, so
-        # that shadows cost at most ~3 % of plain decoding.
+        # that shadows cost at most ~3 % of plain decoding; once per generation when drafting could
+        # not pay even if every draft were accepted (which also re-measures the draft's cost).
+        if self.hopeless:
+            return self.rounds_at_zero == 1
         c_draft = self.costs.draft_seconds_per_token(source)
         verify = self.costs.verify_seconds(1)
         if c_draft is None or verify is None:

@@ -216,3 +216,19 @@ def test_a_cold_first_draft_decode_is_not_taken_for_the_draft_cost() -> None:
     assert costs.draft_seconds_per_token("draft") is None
     costs.observe_draft("draft", 2, 0.004)
     assert costs.draft_seconds_per_token("draft") == pytest.approx(0.002)
+
+
+def test_no_shadows_when_even_a_sure_draft_could_not_pay() -> None:
+    """Each shadow must catch the draft up on every plain token since the last one: with a draft as
+    dear as the target that costs more than the speculation it could bring back, so auto stops
+    (one shadow per generation re-measures the draft)."""
+    policy = _gated(c_draft=0.030)
+    policy.costs.calibration["draft"].observe_first(0.99)
+    shadows = []
+    for round_index in range(1, 40):
+        assert policy.choose_k("draft", round_index) == 0
+        shadows.append(policy.wants_shadow("draft"))
+    assert policy.hopeless and shadows[0] and not any(shadows[1:])
+    cheap = _gated(c_draft=0.004)
+    cheap.costs.calibration["draft"].observe_first(0.3)
+    assert cheap.choose_k("draft", 1) == 0 and not cheap.hopeless
