@@ -292,9 +292,14 @@ class AutoK(DraftPolicy):
         c_draft = self.costs.draft_seconds_per_token(source)
         if c_draft is None:
             c_draft = 0.1 * verify[0]  # a draft model ~10x cheaper than the target, until measured
-        return [
-            est.expected_tokens(k) / (k * c_draft + verify[k]) for k in range(self.k_max + 1)
-        ]
+        # E(k) = 1 + a1 (1 - a2^k) / (1 - a2), accumulated term by term: this runs every round.
+        a1, a2 = est.a1, est.a2
+        rates, expected, run = [], 1.0, a1
+        for k in range(self.k_max + 1):
+            rates.append(expected / (k * c_draft + verify[k]))
+            expected += run
+            run *= a2
+        return rates
 
     def choose_k(self, source: str | None, round_index: int) -> int:
         if source is not None and source in self.costs.calibration:
