@@ -317,10 +317,11 @@ class AutoK(DraftPolicy):
         if self.rounds_at_zero < self.probe_interval:
             return 0
         # Probe with the k that would pay best if any did: on a CPU staircase a longer probe costs
-        # little more than a short one and tells more.
+        # little more than a short one and tells more. At least 2: a one-token probe says nothing
+        # about a2, so a low a2 would keep choosing one-token probes and never be corrected.
         self.rounds_at_zero = 0
         self.probing = True
-        return max(range(1, len(rates)), key=rates.__getitem__)
+        return max(range(min(2, self.k_max), len(rates)), key=rates.__getitem__)
 
     # -- drafters that report their confidence: a gate decides each position ----------------------
 
