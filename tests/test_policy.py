@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specli.policy import AutoK, Calibration, CostModel
+from specli.policy import AutoK, Calibration, CostModel, _SourceEstimate
 from specli.stats import expected_tokens_per_round
 
 # A 2-core CPU's verify staircase (ms, from `specli bench` on the demo target): m = 2 costs 1.7x m = 1,
@@ -232,3 +232,12 @@ def test_no_shadows_when_even_a_sure_draft_could_not_pay() -> None:
     cheap = _gated(c_draft=0.004)
     cheap.costs.calibration["draft"].observe_first(0.3)
     assert cheap.choose_k("draft", 1) == 0 and not cheap.hopeless
+
+
+def test_probes_look_past_the_first_token() -> None:
+    """A one-token probe tells nothing about a2: with a2 believed low, probes of one token (fully
+    accepted) would repeat for a whole generation and a2 would never be corrected."""
+    policy = AutoK(_costs(CPU_STAIRCASE), k_max=8, probe_every=2)
+    policy.sources["ngram/3"] = _SourceEstimate([0.6, 1.0], [0.1, 10.0])  # a1 0.6, a2 0.01
+    probes = [k for k in (policy.choose_k("ngram/3", i) for i in range(1, 12)) if k]
+    assert probes and min(probes) >= 2
