@@ -37,7 +37,10 @@ NoDraftOpt = typer.Option(
     False, "--no-draft", help="Plain target decoding through the same code path (baseline)."
 )
 MaxTokensOpt = typer.Option(256, "-n", "--max-tokens", min=1, help="Tokens to generate at most.")
-DraftMaxOpt = typer.Option("auto", "-k", "--draft-max", help="Tokens drafted per round (0..64), or 'auto'.")
+DraftMaxOpt = typer.Option(
+    "auto", "-k", "--draft-max",
+    help="Tokens drafted per round (0..64), or 'auto': chosen from measured costs and draft confidence.",
+)
 DraftPMinOpt = typer.Option(
     0.0,
     "--draft-p-min",
