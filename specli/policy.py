@@ -34,12 +34,15 @@ it reaches them). Drafting on from position i pays if, for some length j > i,
 
 S: the chance that positions 0..i-1 all pass; f: the calibrated acceptance at position i, which
 the positions after it are assumed to share (confidence comes in runs; each is judged on its own
-when it is drafted); r: the
-reference rate (the better of plain decoding and the recent rounds), which prices time in tokens
-(a Dinkelbach step towards the best long-run rate). Whether to look at position 0 at all (a draft
-step) is decided by the same value averaged over the recent first-position confidences. A fixed k
-drafts every position, whatever the draft's doubts; the gate drafts 12 where the draft is sure (a
-copy) and none where it is guessing, which no fixed k (nor llama.cpp's fixed --draft-p-min) can.
+when it is drafted); r: the reference rate (the better of plain decoding and the recent rounds),
+which prices time in tokens (a Dinkelbach step towards the best long-run rate). Whether to look at
+position 0 at all (a draft step) is decided by the same value, averaged over the recent
+first-position confidences or taken at the last one, whichever is higher. If even the draft's
+surest band could not pay, auto stops shadows for the generation: each would have to catch the
+draft up on every plain token. A fixed k drafts every position whatever the draft's doubts; a fixed
+--draft-p-min (llama.cpp's) stops on doubt at a threshold the user must tune; the gate's threshold
+follows from the measured costs and calibration, so it drafts 12 where the draft is sure (a copy)
+and none where it is guessing.
 """
 
 from __future__ import annotations
