@@ -111,7 +111,7 @@ _OPTIMISTIC_SLOPE = 0.05
 
 # Confidence bins: finer near 1, where a draft that knows the text puts most of its tokens.
 _CONFIDENCE_EDGES = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98])
-_CONFIDENCE_MIDS = np.array([0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.925, 0.965, 0.99])
+_CONFIDENCE_MIDS = np.convolve(np.concatenate(([0.0], _CONFIDENCE_EDGES, [1.0])), [0.5, 0.5], "valid")
 
 
 @dataclass
@@ -251,10 +251,6 @@ class _SourceEstimate:
         """Per-position acceptance over both kinds (what the stats call alpha)."""
         return min((self.first[0] + self.later[0]) / (self.first[1] + self.later[1]), 0.999)
 
-    def expected_tokens(self, k: int) -> float:
-        """E[tokens a round emits] for k drafts: the accepted ones plus the target's own token."""
-        return 1.0 + self.a1 * (1.0 - self.a2**k) / (1.0 - self.a2)
-
     def observe(self, decay: float, first: tuple[float, float], later: tuple[float, float]) -> None:
         for slot, (accepted, examined) in ((self.first, first), (self.later, later)):
             slot[0] = decay * slot[0] + accepted
@@ -274,6 +270,14 @@ class AutoK(DraftPolicy):
     rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed tokens, seconds of rounds
     hopeless: bool = False  # drafting would not pay even at the draft's surest
     _worth_cache: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
+
+    def _observe_acceptance(
+        self, source: str, decay: float, first: tuple[float, float], later: tuple[float, float]
+    ) -> None:
+        """Update the source's (a1, a2) counts, and keep the estimate as the next generation's prior."""
+        est = self._estimate(source)
+        est.observe(decay, first, later)
+        self.costs.acceptance[source] = (est.a1, est.a2)
 
     def _estimate(self, source: str) -> _SourceEstimate:
         if source not in self.sources:
@@ -429,9 +433,7 @@ class AutoK(DraftPolicy):
 
     def observe_shadow(self, source: str, acceptance: float, draft_s: float) -> None:
         self.costs.observe_draft(source, 1, draft_s)
-        est = self._estimate(source)
-        est.observe(self.decay, (acceptance, 1.0), (0.0, 0.0))
-        self.costs.acceptance[source] = (est.a1, est.a2)
+        self._observe_acceptance(source, self.decay, (acceptance, 1.0), (0.0, 0.0))
 
     def observe_held(self, source: str, position: int, confidence: float, acceptance: float) -> None:
         cal = self.costs.calibration.get(source)
@@ -441,9 +443,7 @@ class AutoK(DraftPolicy):
             # As a shadow: the first-position acceptance (what the stats show as alpha). A later
             # position the gate held back is not one a2 describes (a2 is what a passed one gets);
             # no extra decay, the round's own observe() already aged the estimate.
-            est = self._estimate(source)
-            est.observe(1.0, (acceptance, 1.0), (0.0, 0.0))
-            self.costs.acceptance[source] = (est.a1, est.a2)
+            self._observe_acceptance(source, 1.0, (acceptance, 1.0), (0.0, 0.0))
 
     def observe(
         self,
@@ -470,11 +470,11 @@ class AutoK(DraftPolicy):
             self.costs.observe_draft(source, positions, draft_s)
         if k == 0:
             return
-        est = self._estimate(source)
         # Examined: the accepted tokens and the first rejected one; the first token always.
         later_examined = accepted - 1 + (1 if accepted < k else 0) if accepted else 0
-        est.observe(self.decay, (min(accepted, 1), 1.0), (max(accepted - 1, 0), later_examined))
-        self.costs.acceptance[source] = (est.a1, est.a2)
+        self._observe_acceptance(
+            source, self.decay, (min(accepted, 1), 1.0), (max(accepted - 1, 0), later_examined)
+        )
         cal = self.costs.calibration.get(source)
         if cal is not None and confidence:
             for i in range(min(accepted + 1, k, len(confidence))):

@@ -55,22 +55,21 @@ class DraftModelDrafter(Drafter):
             # that depended on the drawn token would bias what gets proposed away from q, and the
             # output away from the target's distribution.
             q = None if params.greedy else process_logits(row, params, out_width=width)
-            if q is not None:
-                top = float(q.max())
-            else:  # a softmax over the vocabulary: only when something will look at it
-                top = _top_probability(row) if self.p_min or gate is not None else 1.0
-            if top < self.p_min:
-                break
-            if gate is not None and not gate(i, top):
-                held = HeldPosition(greedy_token(row, params.banned), q, top)
-                break
+            top = None  # greedy: a softmax over the vocabulary, only when something looks at it
+            if q is not None or self.p_min or gate is not None:
+                top = float(q.max()) if q is not None else _top_probability(row)
+                if top < self.p_min:
+                    break
+                if gate is not None and not gate(i, top):
+                    held = HeldPosition(greedy_token(row, params.banned), q, top)
+                    break
+                confidence.append(top)
             if q is None:
                 token = greedy_token(row, params.banned)
             else:
                 token = sample(q, self._rng)
                 probs.append(q)
             tokens.append(token)
-            confidence.append(top)
             if i + 1 < k:
                 rows = m.decode([token], outputs="last")
         q_rows = np.stack(probs) if probs else None
