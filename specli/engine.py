@@ -124,11 +124,15 @@ def speculative_step(
     return verdict.tokens, verdict.n_accepted
 
 
-def _acceptance(row: np.ndarray, p: Dist | None, token: int, q: Dist | None) -> float:
-    """How likely the target accepts `token` at a position it verified: greedy, whether it is the
-    argmax; sampling, sum min(p, q) (its expectation over the draw) or p(token) for a point mass."""
-    if p is None:
-        return float(token == greedy_token(row))
+def _acceptance(verdict: Verdict, i: int, token: int, q: Dist | None, same_as_plain: bool) -> float:
+    """How likely the target would have accepted `token` as a draft at row i, a row it reached with
+    every draft before it accepted (so verdict.tokens[i] is its own draw there). Greedy, or
+    same-as-plain with a draft model (whose `token` is the draft's own keyed draw): whether the two
+    draws agree, the rule itself. Otherwise the expectation over the draw: sum min(p, q), or p(token)
+    for a point mass (as it is under same-as-plain too)."""
+    p = verdict.dists[i]
+    if p is None or (same_as_plain and q is not None):
+        return float(token == verdict.tokens[i])
     return proposal_acceptance(p, token, q)
 
 
@@ -305,7 +309,7 @@ class SpeculativeEngine:
             new_tokens, n_accepted = verdict.tokens, verdict.n_accepted
             if proposal is not None:
                 q = proposal.probs[0] if proposal.probs is not None else None
-                accepted_p = _acceptance(rows[0], verdict.dists[0], proposal.tokens[0], q)
+                accepted_p = _acceptance(verdict, 0, proposal.tokens[0], q, sampler.same_as_plain)
                 policy.observe_shadow(source, accepted_p, t_drafted - t_start)
             target.truncate(len(context) + n_accepted)  # keep through d_n: cache = new context[:-1]
             context.extend(new_tokens)
@@ -328,7 +332,7 @@ class SpeculativeEngine:
             if held is not None and n_accepted == k_drafted and source is not None:
                 # The target's row at the position the gate stopped at is here anyway (the bonus row,
                 # or the only row of a plain round): score what the draft would have proposed.
-                accepted_p = _acceptance(rows[k_drafted], verdict.dists[k_drafted], held.token, held.probs)
+                accepted_p = _acceptance(verdict, k_drafted, held.token, held.probs, sampler.same_as_plain)
                 policy.observe_held(source, k_drafted, held.confidence, accepted_p)
 
             # Emit: accepted drafts, then the target's own token; stop at EOG or max_tokens.

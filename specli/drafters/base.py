@@ -21,7 +21,7 @@ class HeldPosition:
     """The position where a gate stopped the draft: what would have been proposed there, so that the
     engine can score it against the target's row when the target reaches that position anyway."""
 
-    token: int  # the draft's greedy token (what greedy drafting would have proposed)
+    token: int  # what the draft would have proposed (greedy: its argmax; same-as-plain: its keyed draw)
     probs: Dist | None  # q at that position when sampling (its acceptance is sum min(p, q))
     confidence: float
 

@@ -68,7 +68,11 @@ class DraftModelDrafter(Drafter):
                 if top < self.p_min:
                     break
                 if gate is not None and not gate(i, top):
-                    held = HeldPosition(greedy_token(row, params.banned), q, top)
+                    # What the draft would have proposed here, for scoring against the target's row.
+                    guess = greedy_token(row, params.banned) if q is None or not sampler.same_as_plain else (
+                        sampler.draft_draw(q, len(context) + i, len(context))
+                    )
+                    held = HeldPosition(guess, q, top)
                     break
                 confidence.append(top)
             if q is None:
