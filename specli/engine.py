@@ -249,7 +249,7 @@ class SpeculativeEngine:
         sampling = params.sampling
         if params.ignore_eos:
             sampling = replace(sampling, banned=(*sampling.banned, *target.eog_tokens()))
-        seed = params.seed if params.seed is not None else secrets.randbelow(2**63)
+        seed = params.seed if params.seed is not None else secrets.randbelow(2**32)
         sampler = Sampler(sampling, Noise(seed), params.same_as_plain)
         self.stats = stats = GenerationStats()
         self._stream = stream = _TextStream(target, params.stop)
