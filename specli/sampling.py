@@ -95,10 +95,12 @@ class Noise:
     """Random numbers keyed by (seed, position, family, salt, token id): counter-based, so the same
     key gives the same number in every run whatever else was drawn (a hash, not a stream).
 
-    Per-id Gumbel noise is built top-down by blocks of `BLOCK` ids (the block's maximum, which of its
-    ids holds it, the others truncated below it; exactly i.i.d. Gumbel(0) per id): a Gumbel-max draw
-    over the whole vocabulary then needs the noise of the few blocks whose logits can win, not of
-    every id.
+    Draws over a filtered support (top-k, top-p, min-p: a few dozen ids) hash each id. Draws over
+    the whole vocabulary use noise built top-down by blocks of `BLOCK` ids (the block's maximum,
+    which of its ids holds it, the others truncated below it; exactly i.i.d. Gumbel(0) per id), so
+    they need the noise of the few blocks whose logits can win, not of every id. A distribution's
+    support kind depends only on the settings, so the target and the draft, and plain and
+    speculative decoding, always draw with the same kind.
     """
 
     def __init__(self, seed: int) -> None:
@@ -123,7 +125,12 @@ class Noise:
         return _LOG_BLOCK - np.log(-np.log(u))
 
     def gumbel(self, position: int, ids: np.ndarray, family: int, salt: int = 0) -> np.ndarray:
-        """Gumbel(0) noise of each id (float64), the same whichever ids are asked for together."""
+        """Gumbel(0) noise of each id (float64): one hash per id, for draws over a small support."""
+        return -np.log(-np.log(_unit(self._bits(position, family * 4, salt, ids))))
+
+    def gumbel_blocked(self, position: int, ids: np.ndarray, family: int, salt: int = 0) -> np.ndarray:
+        """Another Gumbel(0) noise per id, built top-down by blocks (see the class docstring), for
+        draws over the whole vocabulary; the same whichever ids are asked for together."""
         n = ids.shape[0]
         blocks = ids // BLOCK
         # One hash pass over three keys per id: its own draw, its block's maximum, the block's holder.
@@ -326,7 +333,7 @@ class Dist:
             if bound[b] <= best_value:
                 break
             ids = np.arange(b * BLOCK, min((b + 1) * BLOCK, s.shape[0]))
-            values = s[ids] + noise.gumbel(position, ids, family, salt)
+            values = s[ids] + noise.gumbel_blocked(position, ids, family, salt)
             i = int(np.argmax(values))
             if values[i] > best_value:
                 best, best_value = int(ids[i]), float(values[i])
