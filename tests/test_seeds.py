@@ -97,13 +97,13 @@ def test_plain_keyed_sampling_follows_the_target_distribution(fixture_models, sa
     (total variation under a simulated 99.9 % null threshold)."""
     trials = 3000
     with Model(fixture_models.target, ModelOptions(n_ctx=256, n_threads=1)) as ref:
-        prompt = ref.tokenize(PROMPT)
+        prompt = ref.tokenize("She said")
         p = distribution(ref.decode(prompt, outputs="last")[0], sampling).dense().astype(np.float64)
     counts: Counter = Counter()
     with load(fixture_models.target, None, n_ctx=256, n_threads=1) as spec:
         for seed in range(trials):
-            counts[tokens(spec, PROMPT, seed=seed, max_tokens=1, sampling=sampling)[0]] += 1
-    assert (p > 0.05).sum() >= 2  # a real distribution, not a point mass
+            counts[tokens(spec, "She said", seed=seed, max_tokens=1, sampling=sampling)[0]] += 1
+    assert (p > 0.04).sum() >= 4  # a real distribution, not a point mass
     freq = np.zeros_like(p)
     for t, c in counts.items():
         freq[t] = c / trials
