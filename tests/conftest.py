@@ -38,3 +38,33 @@ def shared_models() -> SharedModels:
     if not (target.is_file() and draft.is_file()):
         pytest.skip("../shared/models not present (real trained pair only exists on the dev machine)")
     return SharedModels(target=target, draft=draft, directory=SHARED_MODELS_DIR)
+
+
+# Environment variables through which a user's own setup could reach a test: config lookup, the chat
+# history file, debug tracebacks, colour forcing.
+_USER_ENV = (
+    "SPECLI_CONFIG", "SPECLI_DEBUG", "XDG_STATE_HOME", "FORCE_COLOR", "NO_COLOR", "COLUMNS", "LINES"
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated_user_environment(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Every test runs in an empty directory with an empty HOME, so no models.toml (the repository's
+    own, ./models.toml, or the user's ~/.config one), no $SPECLI_CONFIG and no history file of the
+    person running the tests can change what a test sees. Yields the temporary home."""
+    home = tmp_path_factory.mktemp("home")
+    for name in _USER_ENV:
+        # setenv first so that monkeypatch restores the variable even when the test sets it itself
+        # (`specli --debug` writes SPECLI_DEBUG into os.environ).
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("USERPROFILE", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("APPDATA", str(home / "AppData" / "Roaming"))
+    work = home / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return home
