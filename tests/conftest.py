@@ -68,3 +68,29 @@ def isolated_user_environment(
     work.mkdir()
     monkeypatch.chdir(work)
     return home
+
+
+@pytest.fixture(scope="session")
+def eos_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model that ends its text: at every position the same distribution, token 300 at
+    logit 3.5, EOS at 3, the rest at 0. Greedy never stops (it repeats token 300); sampling with the CLI's
+    filters (min-p 0.05 leaves token 300 and EOS) stops at EOS within a few tokens. The fixture models never
+    emit EOS, nor does the real pair within hundreds of tokens."""
+    import numpy as np
+
+    from specli.synth import FIXTURE_N_VOCAB, LlamaSpec, fixture_documents, train_vocab, write_llama_gguf
+
+    vocab = train_vocab(fixture_documents(), FIXTURE_N_VOCAB).vocab
+    spec = LlamaSpec(n_vocab=len(vocab.tokens), n_embd=32, n_layer=1, n_head=2, n_head_kv=2, n_ff=64,
+                     name="eos-model")
+    weights = {name: np.zeros(shape, np.float32) for name, shape in spec.tensor_shapes().items()}
+    for name, shape in spec.tensor_shapes().items():
+        if len(shape) == 1:
+            weights[name] = np.ones(shape, np.float32)  # norms
+    # Zero attention and FFN leave the embedding as the final state; after the norm it is all ones,
+    # so a token's logit is the sum of its output row.
+    weights["token_embd.weight"][:] = 0.1
+    weights["output.weight"][vocab.eos_id] = 3.0 / spec.n_embd
+    weights["output.weight"][300] = 3.5 / spec.n_embd
+    path = tmp_path_factory.mktemp("eos-model") / "eos-model.gguf"
+    return write_llama_gguf(path, spec, vocab, weights, dtype="f32")
