@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -307,3 +308,70 @@ def test_demo_runs_the_pair_it_finds(fixture_models, in_empty_dir) -> None:
     draft = str(fixture_models.draft)
     expected = run_json(fixture_models, "--temp", "0", "-n", "12", "--draft", draft, "-k", "3")
     assert result.stdout == expected["text"] + "\n"
+
+
+# -- text that splits characters across tokens ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def utf8_model(tmp_path_factory) -> Path:
+    """A bigram model that writes 'é' forever as two byte tokens, <0xC3> then <0xA9>: each token's
+    embedding points at one direction, and the output rows map that direction to the next token."""
+    import numpy as np
+
+    from specli.synth import FIXTURE_N_VOCAB, LlamaSpec, fixture_documents, train_vocab, write_llama_gguf
+
+    vocab = train_vocab(fixture_documents(), FIXTURE_N_VOCAB).vocab
+    c3, a9 = vocab.tokens.index("<0xC3>"), vocab.tokens.index("<0xA9>")
+    spec = LlamaSpec(n_vocab=len(vocab.tokens), n_embd=32, n_layer=1, n_head=2, n_head_kv=2, n_ff=64,
+                     name="utf8")
+    weights = {name: (np.ones if len(shape) == 1 else np.zeros)(shape, np.float32)
+               for name, shape in spec.tensor_shapes().items()}
+    embed, output = weights["token_embd.weight"], weights["output.weight"]
+    embed[:, 0] = 1.0  # any token ...
+    embed[c3] = np.eye(spec.n_embd, dtype=np.float32)[1]
+    embed[a9] = np.eye(spec.n_embd, dtype=np.float32)[2]
+    output[c3, 0] = output[c3, 2] = 1.0  # ... and <0xA9> are followed by <0xC3>
+    output[a9, 1] = 1.0  # <0xC3> by <0xA9>
+    return write_llama_gguf(tmp_path_factory.mktemp("utf8") / "utf8.gguf", spec, vocab, weights, dtype="f32")
+
+
+def test_a_character_split_across_tokens_is_shown_whole(utf8_model, in_empty_dir) -> None:
+    for drafter in ((), ("--draft", "ngram", "-k", "3")):
+        base = ("run", "--target", str(utf8_model), "Café", "-n", "10", "--temp", "0", *T1, *drafter)
+        out = json.loads(invoke(*base, "--json").stdout)
+        assert out["text"] == "é" * 5 and len(out["tokens"]) == 10
+        piped = invoke(*base)
+        assert piped.stdout_bytes == "ééééé\n".encode()
+    # On a terminal: each character whole, in the colour of the token that completed it.
+    colour = runner.invoke(app, ["run", "--target", str(utf8_model), "Café", "-n", "10", "--temp", "0", *T1,
+                                 "--draft", "ngram", "-k", "3"],
+                           env={"FORCE_COLOR": "1", "TERM": "xterm-256color", "COLUMNS": "100"})
+    assert colour.exit_code == 0 and "Caféééééé" in re.sub(r"\x1b\[[0-9;]*m", "", colour.stdout)
+    assert "\ufffd" not in colour.stdout
+
+
+# -- the API's load(): refusals close what was opened ----------------------------------------------------
+
+
+def test_load_closes_every_model_it_opened_when_it_refuses(fixture_models, tmp_path, monkeypatch) -> None:
+    from specli import load
+    from specli.compat import VocabMismatchError
+    from specli.llama import LlamaError, Model
+
+    opened: list[Model] = []
+    real_init = Model.__init__
+
+    def recording_init(self, *args, **kwargs) -> None:
+        opened.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Model, "__init__", recording_init)
+    with pytest.raises(VocabMismatchError, match="cannot draft for"):
+        load(fixture_models.target, fixture_models.other_vocab, n_ctx=64, n_threads=1)
+    assert len(opened) == 2
+    assert all(m._model is None and m._ctx is None for m in opened)  # both freed, not left to the GC
+    opened.clear()
+    with pytest.raises(LlamaError):
+        load(fixture_models.target, tmp_path / "missing-draft.gguf", n_ctx=64, n_threads=1)
+    assert len(opened) == 2 and opened[0]._model is None and opened[0]._ctx is None
