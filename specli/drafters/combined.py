@@ -33,9 +33,8 @@ class CombinedDrafter(Drafter):
         return self.model_drafter.name
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
-        proposal = self._confident_match(context, k)
-        if proposal:
-            return Draft(proposal, None, self.ngram.name)
+        if self._confident_match(context, k):
+            return self.ngram.draft(context, k, gate)
         return self.model_drafter.draft(context, k, gate)
 
     def accept(self, context: list[int]) -> None:

@@ -14,7 +14,7 @@ the counts are what keep one stray continuation from outvoting many (as llama.cp
 
 from __future__ import annotations
 
-from specli.drafters.base import Draft, Drafter, DraftGate
+from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition
 from specli.sampling import Sampler
 
 # A continuation is used when seen at least this often and taking this share of what followed the
@@ -34,8 +34,8 @@ class NGramDrafter(Drafter):
         self._follow: dict[int, dict[tuple[int, ...], dict[int, list[int]]]] = {}
         self._indexed = 0  # positions whose preceding n-grams are counted
         self.last_match_len = 0  # n behind the first token of the last lookup (0: none), for combined
-        # The last lookup: (context length, k asked, proposal, n behind its first token).
-        self._last: tuple[int, int, list[int], int] | None = None
+        # The last lookup: (context length, k asked, proposal, n behind its first token, confidences).
+        self._last: tuple[int, int, list[int], int, list[float]] | None = None
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._follow = {n: {} for n in range(self.n_min, self.n_max + 1)}
@@ -56,49 +56,65 @@ class NGramDrafter(Drafter):
                     entry[1] = pos
         self._indexed = len(context)
 
-    def _next(self, tail: list[int]) -> tuple[int, int] | None:
-        """(token, n): the confident continuation of the longest n-gram ending `tail`, if any."""
+    def _next(self, tail: list[int]) -> tuple[int, int, float] | None:
+        """(token, n, confidence): the confident continuation of the longest n-gram ending `tail`,
+        if any; confidence is its share of what followed, shrunk towards 0 for few sightings."""
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
             seen = self._follow[n].get(tuple(tail[-n:]))
             if not seen:
                 continue
             token, (count, _) = max(seen.items(), key=lambda item: item[1])  # count, then recency
-            if count >= _MIN_COUNT[min(n, 4) - 1] and count >= _MIN_SHARE[min(n, 4) - 1] * sum(
-                c for c, _ in seen.values()
-            ):
-                return token, n
+            total = sum(c for c, _ in seen.values())
+            if count >= _MIN_COUNT[min(n, 4) - 1] and count >= _MIN_SHARE[min(n, 4) - 1] * total:
+                return token, n, count / (total + 1)
         return None
 
-    def lookup(self, context: list[int], k: int) -> list[int]:
-        """Up to k tokens, each the confident continuation of the context and the tokens before it."""
+    def _propose(self, context: list[int], k: int) -> tuple[list[int], list[float]]:
+        """Up to k tokens, each the confident continuation of the context and the tokens before it,
+        with their confidences."""
         last = self._last
         if last is not None and last[0] == len(context) and (k <= last[1] or len(last[2]) < last[1]):
             # The context only grows within a generation, so the same length is the same context as
             # the last call (next_source, then draft): reuse its proposal (if it was long enough, or
             # stopped on its own).
             self.last_match_len = last[3]
-            return last[2][:k]
+            return last[2][:k], last[4][:k]
         self._index(context)
         tail = context[-self.n_max :]
         proposal: list[int] = []
+        confidence: list[float] = []
         first_n = 0
         while len(proposal) < k:
             found = self._next(tail)
             if found is None:
                 break
-            token, n = found
+            token, n, sure = found
             first_n = first_n or n
             proposal.append(token)
+            confidence.append(sure)
             tail = [*tail[1:], token] if len(tail) >= self.n_max else [*tail, token]
         self.last_match_len = first_n
-        self._last = (len(context), k, proposal, first_n)
-        return proposal
+        self._last = (len(context), k, proposal, first_n, confidence)
+        return proposal, confidence
+
+    def lookup(self, context: list[int], k: int) -> list[int]:
+        """Up to k tokens, each the confident continuation of the context and the tokens before it."""
+        return self._propose(context, k)[0]
 
     def next_source(self, context: list[int]) -> str:
-        """"ngram/n" for a match of n tokens ("ngram/0": none): longer matches are accepted more
-        often, so the policy keeps an acceptance estimate for each length."""
-        self.lookup(context, 1)
-        return f"{self.name}/{self.last_match_len}"
+        self._propose(context, 1)
+        return self.name
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
-        return Draft(self.lookup(context, k), None, self.name)  # no confidence: the gate has no say
+        """The proposal, stopped where the gate says a position no longer pays. Its confidence is a
+        function of the context and the tokens drafted before it, never of a random draw, so a stop
+        keeps sampling exact."""
+        tokens, confidence = self._propose(context, k)
+        held = None
+        if gate is not None:
+            for i, sure in enumerate(confidence):
+                if not gate(i, sure):
+                    held = HeldPosition(tokens[i], None, sure)
+                    tokens, confidence = tokens[:i], confidence[:i]
+                    break
+        return Draft(tokens, None, self.name, confidence, held)
