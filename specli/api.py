@@ -85,11 +85,7 @@ def load(
                 draft, ModelOptions(n_ctx=target_model.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
             )
             try:
-                if draft_model.is_recurrent:
-                    raise ValueError(
-                        f"{draft_model.path.name} is a recurrent/hybrid model: its cache cannot roll back "
-                        "rejected drafts, so it cannot be a draft model"
-                    )
+                # A recurrent/hybrid draft goes back through a checkpoint of its state (Model.checkpoint).
                 compat = require_compatible(target_model, draft_model)
             except Exception:
                 draft_model.close()
