@@ -185,6 +185,11 @@ class Model:
         return self.rs_seq if self._recurrent else self.n_ctx
 
     @property
+    def snapshot_room(self) -> int:
+        """Positions truncate() can drop through state snapshots right now (recurrent models)."""
+        return self._rollback_room
+
+    @property
     def n_layer_nextn(self) -> int:
         """Multi-token-prediction (MTP / NextN) layers shipped in the GGUF (0: none)."""
         return int(llc.llama_model_n_layer_nextn(self._model))
@@ -277,6 +282,10 @@ class Model:
             raise ContextFullError(
                 f"context full: {self.n_past} + {n} tokens exceed the context of {self.n_ctx} (raise --ctx)"
             )
+        if self._recurrent and self._checkpoint is None and self.n_past > 0:
+            # Once per prompt: a later rollback beyond the snapshots (a new prompt sharing a prefix,
+            # a timing loop) restores this state instead of evaluating everything again.
+            self.checkpoint()
         rows = 0
         for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]

@@ -82,17 +82,14 @@ def test_snapshot_rollback_gives_the_logits_of_a_fresh_evaluation(hybrid_models,
 def test_llama_cpp_snapshots_reach_only_into_the_last_batch(hybrid_models) -> None:
     """Measured: llama.cpp accepts a rollback of the whole last batch (depth <= n_rs_seq), but the
     snapshot it restores is stale (slot `depth` is written only by batches longer than depth), so the
-    logits are wrong. specli bounds rollbacks by the last batch's length - 1 and refuses deeper ones."""
+    logits are wrong. specli's snapshot room is the last batch's length - 1."""
     with Model(hybrid_models.target, OPTS) as m, Model(hybrid_models.target, OPTS) as fresh:
         prompt = m.tokenize(PROMPT)
         m.decode(prompt, outputs="none")
         m.decode([300, 301, 302], outputs="all")
         n = len(prompt)
-        assert not m.can_truncate(n)
-        with pytest.raises(RollbackError, match="not 3"):
-            m.truncate(n)
-        assert m.tokens == [*prompt, 300, 301, 302]  # refused: nothing changed
-        # What llama.cpp itself would do:
+        assert m.snapshot_room == 2
+        # What llama.cpp itself does when asked to drop the whole batch:
         assert llama_cpp.llama_memory_seq_rm(m._mem, 0, n, -1)
         del m.tokens[n:]
         after = m.decode([42], outputs="last").copy()
@@ -110,15 +107,16 @@ def test_a_second_rollback_before_a_decode_is_refused(hybrid_models) -> None:
 
 
 def test_checkpoint_rollback_across_single_token_decodes(hybrid_models) -> None:
-    """Draft models decode one token at a time: they go back through a saved state."""
+    """Draft models decode one token at a time: they go back through a saved state (saved by the
+    drafter after its catch-up, and once per prompt by the model itself)."""
     with Model(hybrid_models.draft, OPTS) as m, Model(hybrid_models.draft, OPTS) as fresh:
         prompt = m.tokenize(PROMPT)
         m.decode(prompt, outputs="last")
         for t in (300, 301, 302, 303):
             m.decode([t], outputs="last")
-        assert not m.can_truncate(len(prompt) + 1)
-        m.decode([304], outputs="last")
-        m.truncate(len(prompt) + 5)  # nothing to drop
+        assert m.snapshot_room == 0 and m.can_truncate(len(prompt) + 1)
+        m.truncate(len(prompt) + 1)  # the automatic checkpoint at the prompt's end, then replay 300
+        m.decode([301, 302, 303, 304], outputs="last")
         m.checkpoint()
         for t in (305, 306, 307):
             m.decode([t], outputs="last")
@@ -129,8 +127,10 @@ def test_checkpoint_rollback_across_single_token_decodes(hybrid_models) -> None:
         reference = fresh.decode(kept, outputs="last").copy()
         np.testing.assert_allclose(after, reference, rtol=1e-4, atol=1e-4)
         assert llama_cpp.llama_memory_seq_pos_max(m._mem, 0) + 1 == m.n_past
-        with pytest.raises(RollbackError):  # before the checkpoint, beyond the snapshots
-            m.truncate(len(prompt))
+        assert not m.can_truncate(len(prompt) + 2)
+        with pytest.raises(RollbackError, match="not 5"):  # before the checkpoint, beyond the snapshots
+            m.truncate(len(prompt) + 2)
+        assert m.tokens == kept  # refused: nothing changed
 
 
 @pytest.mark.parametrize("draft_max", [1, 3, 8, "auto"])
