@@ -1,4 +1,5 @@
-"""Synthetic hybrid (recurrent + attention) GGUF models: LFM2's short-convolution + attention layout.
+"""Synthetic hybrid (recurrent + attention) GGUF models: LFM2 (short convolutions + attention) and
+Qwen3.5 (gated delta-net + gated attention).
 
 No hybrid GGUF can be downloaded in the test environment, so the tests write tiny deterministic LFM2
 models with the fixture vocabulary of :mod:`specli.synth` (whose helpers this module imports). The
@@ -14,6 +15,10 @@ target (and the other way round) with partial acceptance:
 * any further layers alternate convolution and attention with small random weights.
 
 Every feed-forward block is random noise of small gain, as in the llama fixtures.
+
+Qwen3.5 (:func:`write_ngram_qwen35`): gated delta-net layers and gated attention with random
+weights over the same embedding and output rows (bigram logits); the delta-net state moves the
+logits, which is what the rollback tests need. See its docstring for a known limitation.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -120,11 +125,41 @@ def write_lfm2_gguf(
     1-D tensors and the convolution kernels are stored as F32 (llama.cpp's ssm_conv wants F32),
     other matrices as *dtype*. The vocabulary is written like :func:`specli.synth.write_llama_gguf`'s.
     """
+
+    def keys(writer: Any, arch: str) -> None:
+        writer.add_block_count(len(spec.layers))
+        writer.add_feed_forward_length(spec.n_ff)
+        writer.add_head_count(spec.n_head)
+        # LFM2 tells convolution layers from attention layers by a zero KV head count.
+        writer.add_head_count_kv([spec.n_head_kv if k == "attn" else 0 for k in spec.layers])
+        writer.add_rope_freq_base(spec.rope_theta)
+        writer.add_layer_norm_rms_eps(spec.rms_eps)
+        writer.add_uint32(f"{arch}.shortconv.l_cache", spec.l_cache)
+
+    return _write_gguf(path, "lfm2", spec.name, spec.n_vocab, spec.n_embd, spec.n_ctx_train, keys,
+                       vocab, spec.tensor_shapes(), weights, dtype, f32_marker=".shortconv.conv.")
+
+
+def _write_gguf(
+    path: str | Path,
+    arch: str,
+    name: str,
+    n_vocab: int,
+    n_embd: int,
+    n_ctx_train: int,
+    keys: Callable[[Any, str], None],
+    vocab: Vocab,
+    shapes: dict[str, tuple[int, ...]],
+    weights: Mapping[str, np.ndarray | Callable[[], np.ndarray]],
+    dtype: WeightDType,
+    f32_marker: str,
+) -> Path:
+    """The common part: general keys, *keys(writer, arch)*, the vocabulary, then the tensors (1-D
+    ones and those whose name contains *f32_marker* as F32, the rest as *dtype*)."""
     import gguf
 
-    if len(vocab) != spec.n_vocab:
-        raise ValueError(f"vocabulary has {len(vocab)} tokens but spec.n_vocab is {spec.n_vocab}")
-    shapes = spec.tensor_shapes()
+    if len(vocab) != n_vocab:
+        raise ValueError(f"vocabulary has {len(vocab)} tokens but the spec's n_vocab is {n_vocab}")
     if set(weights) != set(shapes):
         raise ValueError(
             f"weights do not match spec: missing {sorted(set(shapes) - set(weights))[:5]}, "
@@ -133,21 +168,13 @@ def write_lfm2_gguf(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    arch = "lfm2"
     writer = gguf.GGUFWriter(partial, arch)
-    writer.add_name(spec.name)
+    writer.add_name(name)
     writer.add_file_type(_file_type(dtype))
-    writer.add_vocab_size(spec.n_vocab)
-    writer.add_context_length(spec.n_ctx_train)
-    writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(len(spec.layers))
-    writer.add_feed_forward_length(spec.n_ff)
-    writer.add_head_count(spec.n_head)
-    # LFM2 tells convolution layers from attention layers by a zero KV head count.
-    writer.add_head_count_kv([spec.n_head_kv if k == "attn" else 0 for k in spec.layers])
-    writer.add_rope_freq_base(spec.rope_theta)
-    writer.add_layer_norm_rms_eps(spec.rms_eps)
-    writer.add_uint32(f"{arch}.shortconv.l_cache", spec.l_cache)
+    writer.add_vocab_size(n_vocab)
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    keys(writer, arch)
 
     writer.add_tokenizer_model("llama")
     writer.add_token_list(list(vocab.tokens))
@@ -159,22 +186,19 @@ def write_lfm2_gguf(
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
 
-    stored = {
-        name: ("f32" if len(shape) == 1 or ".shortconv.conv." in name else dtype)
-        for name, shape in shapes.items()
-    }
-    for name, shape in shapes.items():
-        _add_tensor_info(writer, name, shape, stored[name])
+    stored = {n: ("f32" if len(shape) == 1 or f32_marker in n else dtype) for n, shape in shapes.items()}
+    for n, shape in shapes.items():
+        _add_tensor_info(writer, n, shape, stored[n])
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for name, shape in shapes.items():
-            source = weights[name]
+        for n, shape in shapes.items():
+            source = weights[n]
             array = np.asarray(source() if callable(source) else source)
             if array.shape != shape:
-                raise ValueError(f"{name}: expected numpy shape {shape}, got {array.shape}")
-            writer.write_tensor_data(_encode_tensor(array, stored[name]))
+                raise ValueError(f"{n}: expected numpy shape {shape}, got {array.shape}")
+            writer.write_tensor_data(_encode_tensor(array, stored[n]))
         writer.close()
         partial.replace(path)
     except BaseException:
@@ -299,14 +323,15 @@ def write_ngram_lfm2(
 
 @dataclass(frozen=True)
 class HybridFixtureModels:
-    """Tiny LFM2 models with the fixture vocabulary (the llama fixtures' target and draft statistics)."""
+    """Tiny hybrid models with the fixture vocabulary (the llama fixtures' token statistics)."""
 
-    target: Path  # FIXTURE_TARGET's statistics: conv, attn, conv, attn
-    draft: Path  # FIXTURE_DRAFT's statistics: conv, attn
+    target: Path  # LFM2 with FIXTURE_TARGET's statistics: conv, attn, conv, attn
+    draft: Path  # LFM2 with FIXTURE_DRAFT's statistics: conv, attn
+    qwen35: Path  # Qwen3.5 with FIXTURE_TARGET's widths and bigram statistics: 3 delta-net layers, attn
 
 
 def build_hybrid_fixture_models(directory: str | Path, *, seed: int = 0) -> HybridFixtureModels:
-    """Write the LFM2 fixture target and draft into *directory* (deterministic for a seed)."""
+    """Write the hybrid fixtures into *directory* (deterministic for a seed)."""
     directory = Path(directory)
     trained = fixture_vocab()
     target = write_ngram_lfm2(
@@ -320,4 +345,188 @@ def build_hybrid_fixture_models(directory: str | Path, *, seed: int = 0) -> Hybr
         trained,
         replace(FIXTURE_DRAFT, seed=FIXTURE_DRAFT.seed + 1000 * seed),
     )
-    return HybridFixtureModels(target, draft)
+    qwen35 = write_ngram_qwen35(
+        directory / "fixture-qwen35-target.gguf",
+        trained,
+        replace(FIXTURE_TARGET, seed=FIXTURE_TARGET.seed + 1000 * seed),
+    )
+    return HybridFixtureModels(target, draft, qwen35)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Qwen3.5: gated delta-net (linear attention) layers + gated full attention every 4th layer
+# -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Qwen35Spec:
+    """Hyperparameters of a Qwen3.5 (dense) model. Layers whose index i has (i + 1) % interval != 0
+    are gated delta-net layers (recurrent state: a conv window and a head_dim x head_dim matrix per
+    value head), the others gated full attention."""
+
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    ssm_k_heads: int  # linear attention key heads (ssm.group_count)
+    ssm_v_heads: int  # linear attention value heads (ssm.time_step_rank)
+    ssm_conv: int = 4  # conv kernel width
+    full_attention_interval: int = 4
+    n_ctx_train: int = 4096
+    rope_theta: float = 10000000.0
+    rms_eps: float = 1e-6
+    name: str = "specli-synth-qwen35"
+
+    def __post_init__(self) -> None:
+        if self.ssm_v_heads % self.ssm_k_heads or self.n_head % self.n_head_kv:
+            raise ValueError("value heads must be a multiple of key heads, n_head of n_head_kv")
+        if self.head_dim % 8:
+            raise ValueError("head_dim must be a multiple of 8 (four rope sections)")
+
+    def is_recurrent(self, layer: int) -> bool:
+        return (layer + 1) % self.full_attention_interval != 0
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """GGUF tensor names and numpy shapes (out, in), in file order."""
+        d, hd = self.n_embd, self.head_dim
+        key_dim, value_dim = hd * self.ssm_k_heads, hd * self.ssm_v_heads
+        shapes: dict[str, tuple[int, ...]] = {
+            "token_embd.weight": (self.n_vocab, d),
+            "output_norm.weight": (d,),
+            "output.weight": (self.n_vocab, d),
+        }
+        for i in range(self.n_layer):
+            shapes |= {f"blk.{i}.attn_norm.weight": (d,), f"blk.{i}.post_attention_norm.weight": (d,)}
+            if self.is_recurrent(i):
+                shapes |= {
+                    f"blk.{i}.attn_qkv.weight": (2 * key_dim + value_dim, d),
+                    f"blk.{i}.attn_gate.weight": (value_dim, d),
+                    f"blk.{i}.ssm_conv1d.weight": (2 * key_dim + value_dim, self.ssm_conv),
+                    f"blk.{i}.ssm_dt.bias": (self.ssm_v_heads,),
+                    f"blk.{i}.ssm_a": (self.ssm_v_heads,),
+                    f"blk.{i}.ssm_beta.weight": (self.ssm_v_heads, d),
+                    f"blk.{i}.ssm_alpha.weight": (self.ssm_v_heads, d),
+                    f"blk.{i}.ssm_norm.weight": (hd,),
+                    f"blk.{i}.ssm_out.weight": (d, value_dim),
+                }
+            else:
+                shapes |= {
+                    f"blk.{i}.attn_q.weight": (2 * hd * self.n_head, d),  # queries and their gates
+                    f"blk.{i}.attn_k.weight": (hd * self.n_head_kv, d),
+                    f"blk.{i}.attn_v.weight": (hd * self.n_head_kv, d),
+                    f"blk.{i}.attn_output.weight": (d, hd * self.n_head),
+                    f"blk.{i}.attn_q_norm.weight": (hd,),
+                    f"blk.{i}.attn_k_norm.weight": (hd,),
+                }
+            shapes |= {
+                f"blk.{i}.ffn_gate.weight": (self.n_ff, d),
+                f"blk.{i}.ffn_up.weight": (self.n_ff, d),
+                f"blk.{i}.ffn_down.weight": (d, self.n_ff),
+            }
+        return shapes
+
+
+def write_qwen35_gguf(
+    path: str | Path,
+    spec: Qwen35Spec,
+    vocab: Vocab,
+    weights: Mapping[str, np.ndarray | Callable[[], np.ndarray]],
+    *,
+    dtype: WeightDType = "f32",
+) -> Path:
+    """Write a ``qwen35``-architecture GGUF file (every tensor of :meth:`Qwen35Spec.tensor_shapes`)."""
+
+    def keys(writer: Any, arch: str) -> None:
+        writer.add_block_count(spec.n_layer)
+        writer.add_feed_forward_length(spec.n_ff)
+        writer.add_head_count(spec.n_head)
+        writer.add_head_count_kv(spec.n_head_kv)
+        writer.add_key_length(spec.head_dim)
+        writer.add_value_length(spec.head_dim)
+        writer.add_rope_dimension_count(spec.head_dim)
+        quarter = spec.head_dim // 8  # rope pairs per section: text positions use them all alike
+        writer.add_array(f"{arch}.rope.dimension_sections", [quarter * 2, quarter, quarter, 0])
+        writer.add_rope_freq_base(spec.rope_theta)
+        writer.add_layer_norm_rms_eps(spec.rms_eps)
+        writer.add_uint32(f"{arch}.ssm.conv_kernel", spec.ssm_conv)
+        writer.add_uint32(f"{arch}.ssm.inner_size", spec.head_dim * spec.ssm_v_heads)
+        writer.add_uint32(f"{arch}.ssm.state_size", spec.head_dim)
+        writer.add_uint32(f"{arch}.ssm.time_step_rank", spec.ssm_v_heads)
+        writer.add_uint32(f"{arch}.ssm.group_count", spec.ssm_k_heads)
+        writer.add_uint32(f"{arch}.full_attention_interval", spec.full_attention_interval)
+
+    return _write_gguf(path, "qwen35", spec.name, spec.n_vocab, spec.n_embd, spec.n_ctx_train, keys,
+                       vocab, spec.tensor_shapes(), weights, dtype, f32_marker=".ssm_conv1d.")
+
+
+def ngram_qwen35_weights(
+    spec: Qwen35Spec, trained: TrainedVocab, config: SynthModelConfig, *, mixer_gain: float = 0.3
+) -> dict[str, Callable[[], np.ndarray]]:
+    """Embedding, final norm and output rows of the llama fixture built from *config* (bigram and
+    unigram logits; skip-bigram rows unused), every block random: the delta-net and attention outputs
+    add *mixer_gain* rms to the residual, so the context (and the recurrent state) moves the logits."""
+    factors = ngram_factors(
+        _document_subset(trained.documents, config.data_fraction, config.seed),
+        len(trained.vocab),
+        trained.vocab.bos_id,
+        rank=config.rank,
+        sharpness=config.sharpness,
+        seed=config.seed,
+    ).truncated(config.rank, 0)
+    llama_config = replace(config, skip_rank=0, seen_dims=0, induction=0.0)
+    llama = ngram_llama_weights(llama_config.spec(spec.n_vocab, spec.n_ctx_train), factors, llama_config,
+                                bos_id=trained.vocab.bos_id)
+    weights: dict[str, Callable[[], np.ndarray]] = {
+        "token_embd.weight": llama["token_embd.weight"],
+        "output_norm.weight": llama["output_norm.weight"],
+        "output.weight": llama["output.weight"],
+    }
+    out_gain = {"ssm_out": mixer_gain, "attn_output": mixer_gain, "ffn_down": config.noise_gain / 0.6}
+    for name, shape in spec.tensor_shapes().items():
+        if name in weights:
+            continue
+        kind = name.split(".")[1]
+        # Decay per token g = ssm_a * softplus(alpha + dt) ~ -0.03..-0.15 as in trained models. A strong
+        # decay (g ~ -1.4 with dt = 0) made llama.cpp's chunked delta-net output NaN after ~40 tokens.
+        if kind == "ssm_a":  # -exp(A_log): a decay rate per value head
+            weights[name] = lambda n=shape[0]: -np.linspace(0.5, 2.0, n, dtype=np.float32)
+        elif kind == "ssm_dt":
+            weights[name] = lambda n=shape[0]: np.full(n, -3.0, dtype=np.float32)
+        elif len(shape) == 1:
+            weights[name] = lambda n=shape[0]: np.ones(n, dtype=np.float32)
+        else:
+            gain = out_gain.get(kind, 1.0)
+            weights[name] = _random_matrix(shape, gain / np.sqrt(shape[1]), config.seed, name)
+    return weights
+
+
+def write_ngram_qwen35(
+    path: str | Path, trained: TrainedVocab, config: SynthModelConfig, n_layer: int = 4,
+    *, dtype: WeightDType = "f32",
+) -> Path:
+    """Write a Qwen3.5 model of *trained*'s vocabulary with *config*'s widths (3 delta-net layers,
+    then attention, repeated).
+
+    Known limitation: with these random weights llama.cpp's logits turn NaN from a fixed position on
+    (33 for FIXTURE_TARGET's widths, 40 with head_dim 32; the same for any tokens, in batches and one
+    token at a time; not the decay rate, not the output gains, not n_ctx or rope_theta). The cause is
+    not found yet: use it for contexts shorter than that.
+    """
+    head_dim = config.n_embd // config.n_head
+    spec = Qwen35Spec(
+        n_vocab=len(trained.vocab),
+        n_embd=config.n_embd,
+        n_layer=n_layer,
+        n_ff=config.n_ff,
+        n_head=config.n_head,
+        n_head_kv=config.n_head_kv,
+        head_dim=head_dim,
+        ssm_k_heads=config.n_head_kv,
+        ssm_v_heads=config.n_head,
+        name=config.name.replace("fixture", "fixture-qwen35"),
+    )
+    return write_qwen35_gguf(path, spec, trained.vocab, ngram_qwen35_weights(spec, trained, config),
+                             dtype=dtype)
