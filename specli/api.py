@@ -25,6 +25,7 @@ from specli.llama import Model, ModelOptions
 from specli.stats import GenerationStats
 
 NGRAM = "ngram"
+MTP = "mtp"  # self-drafting from the target's multi-token-prediction layers (not implemented yet)
 
 
 class Speculator:
@@ -70,7 +71,8 @@ def load(
 ) -> Speculator:
     """Load a target and optionally a drafter.
 
-    draft: a GGUF path (a draft model), "ngram" (prompt lookup, no model), or None (plain decoding).
+    draft: a GGUF path (a draft model), "ngram" (prompt lookup, no model), or None (plain decoding);
+    "mtp" (self-drafting from the target's MTP layers) is refused with a clear error for now.
     ngram=True with a draft model: combined drafting (n-gram matches first, the model otherwise).
     """
     opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
@@ -80,6 +82,8 @@ def load(
     try:
         if draft is not None and str(draft) == NGRAM:
             drafter = NGramDrafter()
+        elif draft is not None and str(draft) == MTP:
+            _refuse_mtp(target_model)
         elif draft is not None:
             draft_model = Model(
                 draft, ModelOptions(n_ctx=target_model.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
@@ -98,3 +102,19 @@ def load(
             drafter.close()
         target_model.close()
         raise
+
+
+def _refuse_mtp(target: Model) -> None:
+    """draft="mtp": a clear error, whether or not the GGUF has MTP layers (the drafter over
+    llama.cpp's LLAMA_CONTEXT_TYPE_MTP context is not written yet)."""
+    n = target.n_layer_nextn
+    if n == 0:
+        raise ValueError(
+            f"{target.path.name} has no MTP (multi-token prediction) layers "
+            f"({target.architecture}.nextn_predict_layers is 0), so it cannot draft for itself; "
+            "use a draft model or --draft ngram"
+        )
+    raise ValueError(
+        f"{target.path.name} has {n} MTP layer(s), but specli cannot draft with them yet; "
+        "use a draft model or --draft ngram"
+    )

@@ -284,3 +284,8 @@ def test_interrupts_anywhere_leave_hybrid_caches_consistent(hybrid_models) -> No
                 assert llama_cpp.llama_memory_seq_pos_max(model._mem, 0) + 1 == model.n_past
             assert tokens_of(spec.generate(PROMPT, greedy)) == expected
     assert interrupted > 12
+
+
+def test_mtp_draft_is_refused_clearly(hybrid_models) -> None:
+    with pytest.raises(ValueError, match=r"has no MTP .*lfm2\.nextn_predict_layers is 0.*--draft ngram"):
+        load(hybrid_models.target, "mtp", n_ctx=256, n_threads=1)
