@@ -75,7 +75,10 @@ def load(
     "mtp" (self-drafting from the target's MTP layers) is refused with a clear error for now.
     ngram=True with a draft model: combined drafting (n-gram matches first, the model otherwise).
     """
-    opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+    # Without a drafter nothing rolls back: a recurrent target needs no state snapshots (each one is
+    # a copy of the whole recurrent state, ~50 MB on a 9B Qwen3.5).
+    opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                        **({"max_rollback": 0} if draft is None else {}))
     target_model = Model(target, opts)
     drafter: Drafter | None = None
     compat = None

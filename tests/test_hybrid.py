@@ -286,6 +286,13 @@ def test_interrupts_anywhere_leave_hybrid_caches_consistent(hybrid_models) -> No
     assert interrupted > 12
 
 
+def test_plain_decoding_allocates_no_snapshots(hybrid_models) -> None:
+    with load(hybrid_models.target, None, n_ctx=256, n_threads=1) as spec:
+        assert spec.target.rs_seq == 0
+        got = tokens_of(spec.generate(PROMPT, GenerationParams(max_tokens=20, sampling=GREEDY)))
+        assert got == plain_greedy(hybrid_models.target, PROMPT, 20)
+
+
 def test_mtp_draft_is_refused_clearly(hybrid_models) -> None:
     with pytest.raises(ValueError, match=r"has no MTP .*lfm2\.nextn_predict_layers is 0.*--draft ngram"):
         load(hybrid_models.target, "mtp", n_ctx=256, n_threads=1)
