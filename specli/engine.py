@@ -212,10 +212,11 @@ class SpeculativeEngine:
     """Generates with a target model and an optional drafter (None: plain decoding, the baseline)."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None) -> None:
-        if drafter is not None and target.is_recurrent:
+        if drafter is not None and target.max_rollback < 1:
             raise ValueError(
-                f"{target.path.name} is a recurrent/hybrid model: its cache cannot roll back a rejected "
-                "draft, so speculative decoding is not possible; run with --no-draft"
+                f"{target.path.name} is a recurrent/hybrid model ({target.architecture}) whose state "
+                "this llama.cpp cannot roll back past a rejected draft, so speculative decoding is "
+                "not possible; run with --no-draft"
             )
         self.target = target
         self.drafter = drafter
@@ -288,7 +289,8 @@ class SpeculativeEngine:
             source = drafter.next_source(context) if drafter else None
             k = policy.choose_k(source, round_index) if drafter else 0
             # A round emits up to k + 1 tokens: do not draft past max_tokens or the context.
-            k = max(0, min(k, params.max_tokens - n_emitted - 1, room))
+            # A recurrent/hybrid target rolls back at most max_rollback positions (k when all rejected).
+            k = max(0, min(k, params.max_tokens - n_emitted - 1, room, target.max_rollback))
             # A shadow: at k = 0 the drafter may still look at the next position without the target
             # verifying anything there (it decodes only the pending token). How likely that proposal
             # was to be accepted tells the policy whether drafting pays again, for one draft step.

@@ -28,6 +28,7 @@ __all__ = [
     "HYBRID_ARCHITECTURES",
     "LLAMA_CPP_VERSION",
     "RECURRENT_ARCHITECTURES",
+    "ROLLBACK_ARCHITECTURES",
     "SUPPORTED_ARCHITECTURES",
     "ArrayInfo",
     "GGUFError",
@@ -81,6 +82,13 @@ HYBRID_ARCHITECTURES: frozenset[str] = frozenset({
     "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
     "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe",
     "qwen4exp", "deepseek4", "minimax-01",
+})
+
+# src/llama-arch.cpp, llm_arch_supports_rs_rollback(): the recurrent state keeps n_rs_seq snapshots, so a
+# rejected draft suffix can be rolled back (bounded): these can be speculative targets.
+ROLLBACK_ARCHITECTURES: frozenset[str] = frozenset({
+    "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h",
+    "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3",
 })
 
 # src/llama-arch.cpp, llm_arch_is_diffusion(): not autoregressive, nothing to speculate on.
@@ -265,7 +273,7 @@ class GGUFInfo:
         if self.is_diffusion:
             return (f"{self.path.name}: '{arch}' is a diffusion model, not an autoregressive one; "
                     "speculative decoding needs a left-to-right model")
-        if self.is_recurrent:
+        if self.is_recurrent and arch not in ROLLBACK_ARCHITECTURES:
             kind = "hybrid attention/recurrent" if self.is_hybrid else "recurrent"
             return (f"{self.path.name}: '{arch}' is a {kind} architecture; speculative decoding needs a "
                     "KV cache that can be truncated after rejected draft tokens, so pick a transformer "

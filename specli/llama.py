@@ -28,6 +28,10 @@ class ContextFullError(LlamaError):
     """The KV cache has no room for the batch."""
 
 
+class RollbackError(LlamaError):
+    """A recurrent/hybrid model cannot return its state to an earlier position (beyond its bound)."""
+
+
 # -- logging -------------------------------------------------------------------------------------------
 
 _log_verbose = False
@@ -80,6 +84,9 @@ class ModelOptions:
     n_threads: int = 0  # 0: default_threads()
     n_gpu_layers: int = 0
     n_batch: int = 512
+    # Recurrent/hybrid models: positions the context can roll back (llama.cpp's n_rs_seq state
+    # snapshots, where the architecture supports them). The engine never drafts more than this.
+    max_rollback: int = 16
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,10 @@ class Model:
         n_ctx_train = llc.llama_model_n_ctx_train(self._model)
         n_ctx = opts.n_ctx if opts.n_ctx > 0 else n_ctx_train
         self.n_batch = max(16, min(opts.n_batch, n_ctx))
+        recurrent = bool(llc.llama_model_is_recurrent(self._model) or llc.llama_model_is_hybrid(self._model))
+        if recurrent:
+            # Snapshots are taken within one ubatch: a verify batch (k + 1 tokens) must fit in one.
+            self.n_batch = max(self.n_batch, opts.max_rollback + 1)
         cparams = llc.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = self.n_batch
@@ -125,6 +136,9 @@ class Model:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        if recurrent:
+            # llama.cpp clamps this to 0 for architectures without bounded rollback (read back below).
+            cparams.n_rs_seq = max(0, opts.max_rollback)
         self._ctx = llc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise LlamaError(f"{self.path}: llama.cpp could not create a context of {n_ctx} tokens")
@@ -141,6 +155,13 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog: tuple[int, ...] | None = None
         self.decode_seconds = 0.0  # wall time inside llama_decode, for the overhead figure
+        self._recurrent = recurrent
+        self.rs_seq = int(llc.llama_n_rs_seq(self._ctx)) if recurrent else 0
+        # Positions truncate() may drop through the state snapshots right now: llama.cpp writes them
+        # per decode (slot s = the state s tokens before the end of the last ubatch) and a rollback
+        # is single-use until the next decode, so this is min(rs_seq, last batch - 1), else 0.
+        self._rollback_room = 0
+        self._checkpoint: tuple[int, ctypes.Array[ctypes.c_uint8]] | None = None  # (position, state)
 
     # -- facts ---------------------------------------------------------------------------------------
 
@@ -150,8 +171,28 @@ class Model:
 
     @property
     def is_recurrent(self) -> bool:
-        """Recurrent/hybrid models cannot drop a partial suffix of their state."""
-        return bool(llc.llama_model_is_recurrent(self._model) or llc.llama_model_is_hybrid(self._model))
+        """Recurrent/hybrid models cannot drop a partial suffix of their state freely (see max_rollback)."""
+        return self._recurrent
+
+    @property
+    def architecture(self) -> str:
+        return self.meta("general.architecture") or "unknown"
+
+    @property
+    def max_rollback(self) -> int:
+        """The deepest rollback a verify round may need: a transformer's cache drops any suffix; a
+        recurrent/hybrid model's state goes back at most rs_seq positions (0: not at all)."""
+        return self.rs_seq if self._recurrent else self.n_ctx
+
+    @property
+    def snapshot_room(self) -> int:
+        """Positions truncate() can drop through state snapshots right now (recurrent models)."""
+        return self._rollback_room
+
+    @property
+    def n_layer_nextn(self) -> int:
+        """Multi-token-prediction (MTP / NextN) layers shipped in the GGUF (0: none)."""
+        return int(llc.llama_model_n_layer_nextn(self._model))
 
     def vocab_info(self) -> VocabInfo:
         v = self._vocab
@@ -241,6 +282,10 @@ class Model:
             raise ContextFullError(
                 f"context full: {self.n_past} + {n} tokens exceed the context of {self.n_ctx} (raise --ctx)"
             )
+        if self._recurrent and self._checkpoint is None and self.n_past > 0:
+            # Once per prompt: a later rollback beyond the snapshots (a new prompt sharing a prefix,
+            # a timing loop) restores this state instead of evaluating everything again.
+            self.checkpoint()
         rows = 0
         for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]
@@ -269,12 +314,18 @@ class Model:
             self.decode_seconds += time.perf_counter() - t0
             if rc != 0:
                 # Failed decodes may leave partial ubatches in memory: drop everything past what we hold.
-                llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+                # A recurrent state cannot be cut back that way: start from empty instead.
+                if self._recurrent:
+                    self.reset()
+                else:
+                    llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
                 if rc == 1:
                     raise ContextFullError(f"context full: no KV slot for {m} tokens at position {pos0}")
                 raise LlamaError(f"llama_decode failed with code {rc}")
             self.tokens.extend(chunk)
+            self._rollback_room = min(self.rs_seq, m - 1)
         except BaseException:
+            self._rollback_room = 0
             self._resync(chunk, pos0)
             raise
         return m if want_all else (1 if outputs == "last" else 0)
@@ -287,10 +338,21 @@ class Model:
             del self.tokens[held:]
         elif held > len(self.tokens):
             self.tokens.extend(chunk[len(self.tokens) - pos0 : held - pos0])
+        self._rollback_room = 0
+        if self._checkpoint is not None and held < self._checkpoint[0]:
+            self._checkpoint = None
 
     def truncate(self, n_keep: int) -> None:
-        """Drop cache positions n_keep.. (a rejected draft suffix). Nothing kept is re-evaluated."""
+        """Drop cache positions n_keep.. (a rejected draft suffix). Nothing kept is re-evaluated,
+        except on a recurrent model going back to its checkpoint (see checkpoint()).
+
+        Raises RollbackError when a recurrent/hybrid model cannot go back that far; the cache is
+        then unchanged.
+        """
         if n_keep >= self.n_past:
+            return
+        if self._recurrent:
+            self._truncate_recurrent(max(n_keep, 0))
             return
         try:
             if not llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
@@ -300,7 +362,78 @@ class Model:
             self._resync((), self.n_past)
             raise
 
+    def can_truncate(self, n_keep: int) -> bool:
+        """Whether truncate(n_keep) can go back there now."""
+        if not self._recurrent or n_keep >= self.n_past:
+            return True
+        if n_keep == 0 or self.n_past - n_keep <= self._rollback_room:
+            return True
+        return self._checkpoint is not None and self._checkpoint[0] <= n_keep
+
+    def _truncate_recurrent(self, n_keep: int) -> None:
+        depth = self.n_past - n_keep
+        if n_keep == 0:
+            self.reset()
+        elif depth <= self._rollback_room:
+            # Single-use: a second rollback before the next decode would read a stale snapshot.
+            self._rollback_room = 0
+            try:
+                ok = llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+            except BaseException:
+                self._resync((), self.n_past)
+                raise
+            if not ok:
+                # llama.cpp refused the snapshot rollback: never go on with a state we cannot name.
+                self.reset()
+                raise RollbackError(f"{self.path.name}: llama.cpp refused to roll back {depth} positions")
+            del self.tokens[n_keep:]
+            if self._checkpoint is not None and n_keep < self._checkpoint[0]:
+                self._checkpoint = None  # the tokens before it may change from here on
+        elif self._checkpoint is not None and self._checkpoint[0] <= n_keep:
+            self._restore_checkpoint(n_keep)
+        else:
+            raise RollbackError(
+                f"{self.path.name}: a {self.architecture} model's recurrent state can go back "
+                f"{self._rollback_room} positions here (snapshots: {self.rs_seq}), not {depth}"
+            )
+
+    def checkpoint(self) -> None:
+        """Save a recurrent/hybrid model's recurrent state at the current position, so truncate()
+        can return to any position from here on (restore, then re-evaluate what is kept past it).
+        A no-op for other models. For draft models, whose tokens are decoded one at a time: the
+        state snapshots only reach back into the last batch."""
+        if not self._recurrent:
+            return
+        self._checkpoint = None
+        flags = llc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part; the KV part truncates
+        size = llc.llama_state_seq_get_size_ext(self._ctx, 0, flags)
+        buf = (ctypes.c_uint8 * size)()
+        if llc.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags) != size:
+            raise LlamaError(f"{self.path.name}: could not save the recurrent state")
+        self._checkpoint = (self.n_past, buf)
+
+    def _restore_checkpoint(self, n_keep: int) -> None:
+        assert self._checkpoint is not None
+        pos, buf = self._checkpoint
+        replay = self.tokens[pos:n_keep]
+        flags = llc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        try:
+            if llc.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), 0, flags) != len(buf):
+                raise LlamaError(f"{self.path.name}: could not restore the recurrent state")
+            # The recurrent part is at pos now; drop the attention layers' cells past it too.
+            llc.llama_memory_seq_rm(self._mem, 0, pos, -1)
+            self._rollback_room = 0
+            del self.tokens[pos:]
+            if replay:
+                self.decode(replay, outputs="none")
+        except BaseException:
+            # Interrupted between the calls, the two parts may disagree: start from empty.
+            self.reset()
+            raise
+
     def reset(self) -> None:
+        self._rollback_room = 0
+        self._checkpoint = None
         try:
             llc.llama_memory_clear(self._mem, True)
             self.tokens.clear()
@@ -319,6 +452,8 @@ class Model:
         i = 0
         while i < limit and cached[i] == context[i]:
             i += 1
+        if not self.can_truncate(i):
+            i = 0  # a recurrent state that cannot go back that far: evaluate everything again
         self.truncate(i)
         return i
 

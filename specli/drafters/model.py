@@ -51,6 +51,7 @@ class DraftModelDrafter(Drafter):
         t0 = time.perf_counter()
         rows = m.decode(context[m.n_past :], outputs="last")
         catch_up = time.perf_counter() - t0 if behind > 2 else 0.0
+        m.checkpoint()  # a recurrent draft returns here when drafts are rejected (no-op otherwise)
         tokens: list[int] = []
         probs: list[Dist] = []
         confidence: list[float] = []
