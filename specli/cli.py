@@ -176,7 +176,8 @@ def _load(plan: Plan, *, ngram: bool, draft_p_min: float, verbose: bool, err: Co
         # llama.cpp rounds contexts up to a multiple of 256: say what the user got
         err.print(
             f"[yellow]note:[/] the context is {spec.target.n_ctx} tokens (asked for {v['ctx']}; "
-            "llama.cpp sizes contexts in multiples of 256)"
+            "llama.cpp sizes contexts in multiples of 256)",
+            soft_wrap=True,  # one line, also on a pipe
         )
     return spec
 
