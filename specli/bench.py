@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import io
 import json
 import os
 import platform
@@ -36,7 +37,9 @@ import numpy as np
 from specli.drafters.base import Drafter
 from specli.engine import GenerationParams, SpeculativeEngine
 from specli.errors import UsageProblem
+from specli.fileio import atomic_write_text
 from specli.llama import Model, ModelOptions
+from specli.options import temperature_problem
 from specli.policy import AutoK
 from specli.sampling import SamplingParams
 from specli.stats import GenerationStats, expected_tokens_per_round
@@ -203,8 +206,8 @@ def parse_temp_list(value: str) -> list[float]:
             t = float(item)
         except ValueError:
             raise BenchError(f"--temp: {item!r} is not a number") from None
-        if not (t >= 0 and np.isfinite(t)):
-            raise BenchError(f"--temp: {item} is not a temperature (need a number >= 0)")
+        if (why := temperature_problem(t)) is not None:
+            raise BenchError(f"--temp: {item} is not a temperature: it {why}")
         if t not in out:
             out.append(t)
     if not out:
@@ -927,8 +930,9 @@ def _model_info(model: Model, load_seconds: float) -> ModelInfo:
 
 
 def write_json(result: BenchResult, path: str | Path) -> None:
-    """Every figure, the metadata and each run's raw record, as one JSON document."""
-    Path(path).write_text(json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    """Every figure, the metadata and each run's raw record, as one JSON document (written atomically:
+    a reader never sees half of it)."""
+    atomic_write_text(path, json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
 
 CSV_FIELDS = [
@@ -953,12 +957,13 @@ def write_csv(result: BenchResult, path: str | Path) -> None:
         "n_threads": result.target.n_threads if result.target else result.config.n_threads,
         "started_at": result.started_at,
     }
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS + _CSV_META, extrasaction="ignore")
-        writer.writeheader()
-        for run in result.runs:
-            row = _rounded(asdict(run))
-            writer.writerow({**{k: ("" if row[k] is None else row[k]) for k in CSV_FIELDS}, **meta})
+    f = io.StringIO(newline="")
+    writer = csv.DictWriter(f, fieldnames=CSV_FIELDS + _CSV_META, extrasaction="ignore")
+    writer.writeheader()
+    for run in result.runs:
+        row = _rounded(asdict(run))
+        writer.writerow({**{k: ("" if row[k] is None else row[k]) for k in CSV_FIELDS}, **meta})
+    atomic_write_text(path, f.getvalue())
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:

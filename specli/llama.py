@@ -19,6 +19,8 @@ from pathlib import Path
 import llama_cpp as llc
 import numpy as np
 
+from specli.fileio import regular_file_problem
+
 
 class LlamaError(RuntimeError):
     """A llama.cpp call failed; the message is meant for the user."""
@@ -75,6 +77,31 @@ def default_threads() -> int:
     return n if n <= 4 else max(4, n // 2)
 
 
+_ATTR_UNUSED = 1 << 1  # include/llama.h, enum llama_token_attr
+# llama_context pads n_ctx up to a multiple of 256 (src/llama-context.cpp) and holds it in a uint32.
+CONTEXT_PADDING = 256
+MAX_CONTEXT = 2**32 - CONTEXT_PADDING
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a new allocation can get without swapping (Linux MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _int_or(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
+
+
 # -- the model -----------------------------------------------------------------------------------------
 
 
@@ -110,6 +137,14 @@ class Model:
         self._ctx = None
         self._batch = None
 
+        if not 0 <= opts.n_ctx <= MAX_CONTEXT:
+            raise LlamaError(
+                f"a context of {opts.n_ctx} tokens is impossible: llama.cpp takes 1 to {MAX_CONTEXT}"
+            )
+        not_regular = regular_file_problem(self.path)
+        if not_regular is not None:
+            # llama.cpp would block forever on a FIFO and read a device until memory runs out
+            raise LlamaError(f"{self.path}: {not_regular}; pass the path of a .gguf model file")
         mparams = llc.llama_model_default_params()
         mparams.n_gpu_layers = opts.n_gpu_layers
         self._model = llc.llama_model_load_from_file(str(self.path).encode(), mparams)
@@ -122,6 +157,12 @@ class Model:
         threads = opts.n_threads or default_threads()
         n_ctx_train = llc.llama_model_n_ctx_train(self._model)
         n_ctx = opts.n_ctx if opts.n_ctx > 0 else n_ctx_train
+        self.requested_n_ctx = n_ctx
+        try:
+            self._check_kv_memory(n_ctx)
+        except LlamaError:
+            self.close()
+            raise
         self.n_batch = max(16, min(opts.n_batch, n_ctx))
         recurrent = bool(llc.llama_model_is_recurrent(self._model) or llc.llama_model_is_hybrid(self._model))
         if recurrent:
@@ -141,6 +182,7 @@ class Model:
             cparams.n_rs_seq = max(0, opts.max_rollback)
         self._ctx = llc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
+            self.close()
             raise LlamaError(f"{self.path}: llama.cpp could not create a context of {n_ctx} tokens")
         self._mem = llc.llama_get_memory(self._ctx)
         self.n_ctx = llc.llama_n_ctx(self._ctx)
@@ -162,6 +204,35 @@ class Model:
         # is single-use until the next decode, so this is min(rs_seq, last batch - 1), else 0.
         self._rollback_room = 0
         self._checkpoint: tuple[int, ctypes.Array[ctypes.c_uint8]] | None = None  # (position, state)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes per context position (F16 keys and values, every layer), from the model's
+        shape: n_layer * 2 * n_head_kv * head size * 2 bytes."""
+        n_layer = llc.llama_model_n_layer(self._model)
+        n_embd = llc.llama_model_n_embd(self._model)
+        n_head = max(1, llc.llama_model_n_head(self._model))
+        n_head_kv = llc.llama_model_n_head_kv(self._model)
+        arch = self.meta("general.architecture") or ""
+        head_k = _int_or(self.meta(f"{arch}.attention.key_length"), n_embd // n_head)
+        head_v = _int_or(self.meta(f"{arch}.attention.value_length"), n_embd // n_head)
+        return n_layer * n_head_kv * (head_k + head_v) * 2
+
+    def _check_kv_memory(self, n_ctx: int) -> None:
+        """Refuse a context whose KV cache cannot fit in memory, before llama.cpp allocates it (it
+        would take gigabytes, then fail or get the process killed)."""
+        available = available_memory()
+        if available is None:
+            return
+        padded = -(-n_ctx // CONTEXT_PADDING) * CONTEXT_PADDING
+        need = padded * self.kv_bytes_per_token()
+        if need > available:
+            gib = 2**30
+            fits = max(0, available // max(1, self.kv_bytes_per_token()) // CONTEXT_PADDING * CONTEXT_PADDING)
+            raise LlamaError(
+                f"{self.path.name}: a context of {n_ctx} tokens needs {need / gib:.1f} GiB for its KV cache, "
+                f"but only {available / gib:.1f} GiB of memory is available; lower --ctx "
+                f"(at most about {fits} here)"
+            )
 
     # -- facts ---------------------------------------------------------------------------------------
 
@@ -208,6 +279,10 @@ class Model:
     def token_text(self, token: int) -> bytes:
         """The vocabulary's raw text for a token (as stored in the GGUF), for vocabulary comparison."""
         return llc.llama_vocab_get_text(self._vocab, token) or b""
+
+    def token_is_unused(self, token: int) -> bool:
+        """A padding/unused vocabulary slot (LLAMA_TOKEN_ATTR_UNUSED)."""
+        return bool(int(llc.llama_vocab_get_attr(self._vocab, token)) & _ATTR_UNUSED)
 
     def is_eog(self, token: int) -> bool:
         return bool(llc.llama_vocab_is_eog(self._vocab, token))

@@ -87,7 +87,7 @@ def histogram(stats: GenerationStats, width: int = 30) -> Table:
     return table
 
 
-def stats_panel(stats: GenerationStats, *, title: str = "speculation") -> Panel:
+def stats_panel(stats: GenerationStats, *, title: str | Text = "speculation") -> Panel:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="dim")
     t.add_column(justify="right")
