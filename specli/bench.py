@@ -228,6 +228,7 @@ class BenchConfig:
     n_threads: int = 0  # 0: llama.default_threads()
     n_gpu_layers: int = 0
     seed: int = 0
+    same_as_plain: bool = True  # drafts verified against the target's own keyed draw (see sampling)
     top_k: int = 40  # the sampling filters of `specli run`, so bench measures what run does
     top_p: float = 0.95
     min_p: float = 0.05
@@ -382,10 +383,13 @@ class RunRecord:
     other_seconds: float  # generation time not drafting or verifying
     decode_seconds: float
     stop_reason: str
-    output_crc: int  # crc32 of the output token ids: greedy pairs must agree
+    output_crc: int  # crc32 of the output token ids: greedy and same-as-plain pairs must agree
     k_per_round: list[int] = field(default_factory=list)
     predicted_speedup: float | None = None  # spec only, from the verify-cost curve
     speedup: float | None = None  # spec only: this run's tok/s over its pair's plain tok/s
+    # spec only: the index of the first token where its output differs from its pair's plain run
+    # (None: the same tokens)
+    first_fork: int | None = None
 
 
 @dataclass
@@ -421,7 +425,10 @@ class ConfigResult:
     plain_other_share: float | None  # plain runs: generation time outside the target decode
     predicted_speedup: float | None
     efficiency: float | None  # measured median speedup / predicted
-    greedy_mismatches: int  # temperature 0 pairs whose outputs differ (should be 0)
+    # Pairs whose outputs must agree (greedy, or same-as-plain with a seed) but differ, and the token
+    # index of each one's first difference: 0 mismatches where batched logits equal single-token ones.
+    mismatches: int
+    first_forks: list[int]
     short_runs: int  # runs that stopped before max_tokens (EOS): fewer tokens, noisier rate
     per_prompt: list[PromptResult] = field(default_factory=list)
 
@@ -713,15 +720,17 @@ def _run_pairs(loaded: _Loaded, config: BenchConfig, prompts: list[BenchPrompt],
                 for rep in range(config.repeat):
                     seed = config.seed + 1000 * pi + rep  # the same for both halves, and across configs
                     done: list[RunRecord] = []
+                    outputs: dict[str, list[int]] = {}
                     for position, mode in enumerate(_pair_order(config, pair)):
                         engine = loaded.spec if mode == "spec" else loaded.plain
                         params = GenerationParams(max_tokens=config.max_tokens, sampling=sampling, seed=seed,
                                                   draft_max=k if mode == "spec" else 1,
-                                                  ignore_eos=config.ignore_eos)
+                                                  ignore_eos=config.ignore_eos,
+                                                  same_as_plain=config.same_as_plain)
                         loaded.reset()
-                        stats, out = _timed_generation(engine, tokens, params)
+                        stats, outputs[mode] = _timed_generation(engine, tokens, params)
                         done.append(_record(seq, temp, k, prompt.name, rep, pair, mode, position, seed,
-                                            stats, out, result.curve))
+                                            stats, outputs[mode], result.curve))
                         seq += 1
                         _step(progress, f"T={temp:g} k={k} {prompt.name} #{rep + 1} {mode}")
                     # Only whole pairs are kept, so an interrupted bench never holds half a pair.
@@ -729,6 +738,7 @@ def _run_pairs(loaded: _Loaded, config: BenchConfig, prompts: list[BenchPrompt],
                     spec = next(r for r in done if r.mode == "spec")
                     if plain.tokens_per_second and spec.tokens_per_second:
                         spec.speedup = spec.tokens_per_second / plain.tokens_per_second
+                    spec.first_fork = first_difference(outputs["plain"], outputs["spec"])
                     result.runs.extend(done)
                     pair += 1
 
@@ -863,6 +873,8 @@ def _aggregate_one(temp: float, k: K, runs: list[RunRecord], config: BenchConfig
             tokens_per_round=pooled_p["tokens_per_round"],
             predicted_speedup=pooled_p["predicted_speedup"],
         ))
+    must_agree = temp == 0 or config.same_as_plain
+    forks = [s.first_fork for _, s in pairs if must_agree and s.first_fork is not None]
     return ConfigResult(
         temperature=temp, k=k, pairs=len(pairs),
         plain_tps=Spread.of([r.tokens_per_second for r in plain]),
@@ -874,7 +886,8 @@ def _aggregate_one(temp: float, k: K, runs: list[RunRecord], config: BenchConfig
                            if plain_gen > 0 else None),
         predicted_speedup=predicted,
         efficiency=(speedup.median / predicted) if speedup.median is not None and predicted else None,
-        greedy_mismatches=sum(1 for p, s in pairs if temp == 0 and p.output_crc != s.output_crc),
+        mismatches=len(forks),
+        first_forks=forks,
         short_runs=sum(1 for r in plain + spec if r.n_generated < config.max_tokens),
         per_prompt=per_prompt,
         **pooled,
@@ -941,7 +954,7 @@ CSV_FIELDS = [
     "predicted_speedup",
     "rounds", "drafted", "accepted", "rejections", "acceptance_rate", "alpha", "tokens_per_round",
     "mean_accepted", "mean_k", "draft_seconds", "verify_seconds", "other_seconds", "decode_seconds",
-    "stop_reason", "output_crc",
+    "stop_reason", "output_crc", "first_fork",
 ]
 _CSV_META = ["target", "draft", "drafter", "max_tokens", "n_threads", "started_at"]
 
@@ -1012,11 +1025,15 @@ def bench_notes(result: BenchResult) -> list[tuple[str, str]]:
     if threads and threads > usable:
         notes.append(("warn", f"{threads} threads on {usable} usable CPUs: oversubscribed, "
                               "llama.cpp slows down"))
-    mismatched = sum(c.greedy_mismatches for c in result.configs)
+    mismatched = sum(c.mismatches for c in result.configs)
     if mismatched:
-        notes.append(("warn", f"{mismatched} greedy (T=0) pairs gave different outputs for plain and "
-                              "speculative decoding: batched and single-token logits differ slightly on "
-                              "this backend, or a bug"))
+        forks = sorted(f for c in result.configs for f in c.first_forks)
+        which = "greedy and same-as-plain" if result.config.same_as_plain else "greedy (T=0)"
+        shown = ", ".join(str(f) for f in forks[:8]) + (" …" if len(forks) > 8 else "")
+        notes.append(("warn", f"{mismatched} {which} pairs forked from their plain run (first differing "
+                              f"token: {shown}): "
+                              "this model's batched logits differ slightly from single-token ones (K-quants "
+                              "do, F32/F16/Q8_0 do not; see the README), or a bug"))
     overhead = [c.plain_other_share for c in result.configs if c.plain_other_share is not None]
     if overhead and statistics.median(overhead) > 0.2:
         notes.append(("info", f"plain decoding spends {100 * statistics.median(overhead):.0f} % of its time "
@@ -1039,3 +1056,12 @@ def iter_pairs(result: BenchResult) -> Iterator[tuple[RunRecord, RunRecord]]:
     for temp in result.config.temps:
         for k in result.config.ks:
             yield from _pairs([r for r in result.runs if r.temperature == temp and r.k == k])
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (the shorter one's length if one is a prefix of
+    the other), or None if they are equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

@@ -80,6 +80,7 @@ class ChatOptions:
     min_p: float = 0.05
     draft_max: int | str = "auto"
     seed: int | None = None  # None: random; otherwise turn i uses seed + i (reproducible sessions)
+    same_as_plain: bool = True  # a seeded session prints what plain decoding would (see sampling)
     show_rejected: bool = False
     history: bool = True  # keep readline history in default_history_path() (terminals only)
 
@@ -281,7 +282,8 @@ class ChatSession:
     def generation_params(self) -> GenerationParams:
         seed = None if self.options.seed is None else self.options.seed + len(self.turns)
         return GenerationParams(max_tokens=self.max_tokens, sampling=self.sampling, seed=seed,
-                                stop=tuple(self.stops), draft_max=self.draft_max)
+                                stop=tuple(self.stops), draft_max=self.draft_max,
+                                same_as_plain=self.options.same_as_plain)
 
     def totals(self) -> SessionTotals:
         t = self.turns

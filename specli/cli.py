@@ -64,6 +64,13 @@ MinPOpt = typer.Option(
 SeedOpt = typer.Option(
     None, "-s", "--seed", help="Random seed (default or -1: random; the one used is in --json)."
 )
+SameAsPlainOpt = typer.Option(
+    True,
+    "--same-as-plain/--no-same-as-plain",
+    help="Accept a draft token only where it equals the target's own draw, so a seeded run prints exactly "
+    "what --no-draft prints (default). --no-same-as-plain: the classic rejection rule, higher acceptance "
+    "with a draft model, same distribution, but not plain's tokens.",
+)
 CtxOpt = typer.Option(4096, "-c", "--ctx", min=16, help="Context size in tokens.")
 ThreadsOpt = typer.Option(0, "-t", "--threads", min=0, help="CPU threads (0: one per core).")
 GpuLayersOpt = typer.Option(
@@ -229,6 +236,7 @@ def run(
     top_p: float = TopPOpt,
     min_p: float = MinPOpt,
     seed: int | None = SeedOpt,
+    same_as_plain: bool = SameAsPlainOpt,
     ctx: int = CtxOpt,
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
@@ -253,7 +261,9 @@ def run(
         text = _read_prompt(prompt)
         plan = plan_models(context, target, draft, no_draft=no_draft, config=config)
         _check_ngram(ngram, plan.draft)
-        params = replace(generation_params(plan.values, tuple(stop)), ignore_eos=ignore_eos)
+        params = replace(
+            generation_params(plan.values, tuple(stop)), ignore_eos=ignore_eos, same_as_plain=same_as_plain
+        )
         spec = _load(plan, ngram=ngram, draft_p_min=draft_p_min, verbose=verbose, err=err)
         with spec:
             prompt_tokens = spec.tokenize(text)
@@ -288,6 +298,7 @@ def run(
                             "tokens": tokens,
                             "prompt_tokens": len(prompt_tokens),
                             "seed": params.seed,
+                            "sampling_mode": stats.sampling_mode,
                             "stats": stats.as_dict(),
                         },
                         ensure_ascii=False,
@@ -372,6 +383,7 @@ def bench(
     top_p: float = TopPOpt,
     min_p: float = MinPOpt,
     seed: int = typer.Option(0, "-s", "--seed", help="Seed of the first pair (pairs share a seed)."),
+    same_as_plain: bool = SameAsPlainOpt,
     ctx: int = typer.Option(2048, "-c", "--ctx", min=16, help="Context size in tokens."),
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
@@ -424,6 +436,7 @@ def bench(
             n_threads=v["threads"],
             n_gpu_layers=v["gpu_layers"],
             seed=v["seed"],
+            same_as_plain=same_as_plain,
             top_k=v["top_k"],
             top_p=v["top_p"],
             min_p=v["min_p"],
@@ -481,6 +494,7 @@ def chat(
     top_p: float = TopPOpt,
     min_p: float = MinPOpt,
     seed: int | None = SeedOpt,
+    same_as_plain: bool = SameAsPlainOpt,
     ctx: int = CtxOpt,
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
@@ -517,6 +531,7 @@ def chat(
                 min_p=v["min_p"],
                 draft_max=_parse_draft_max(str(v["draft_max"])),
                 seed=v["seed"],
+                same_as_plain=same_as_plain,
                 show_rejected=show_rejected,
                 history=not no_history,
             )

@@ -19,6 +19,7 @@ Daliri, Musco & Suresh 2024), which is what `--same-as-plain` verifies.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -381,13 +382,18 @@ def _dense64(d: Dist) -> np.ndarray:
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _banned_index(banned: tuple[int, ...], n: int) -> np.ndarray:
+    return np.array(sorted({t for t in banned if 0 <= t < n}), dtype=np.int64)
+
+
 def _without_banned(row: np.ndarray, banned: tuple[int, ...]) -> np.ndarray:
     """The row with banned ids at -inf; a copy only when one of them is not already there (the engine
     masks verify rows in place, once, so the usual case copies nothing)."""
     if not banned:
         return row
-    idx = [t for t in banned if t < row.shape[0]]
-    if not idx or not np.any(row[idx] > -np.inf):
+    idx = _banned_index(banned, row.shape[0])
+    if not idx.size or not (row[idx] > -np.inf).any():
         return row
     row = row.copy()
     row[idx] = -np.inf
@@ -397,7 +403,7 @@ def _without_banned(row: np.ndarray, banned: tuple[int, ...]) -> np.ndarray:
 def mask_banned(rows: np.ndarray, banned: tuple[int, ...]) -> None:
     """Set banned ids to -inf in place, in llama.cpp's logits buffer (ours until the next decode)."""
     if banned:
-        rows[:, [t for t in banned if t < rows.shape[1]]] = -np.inf
+        rows[:, _banned_index(banned, rows.shape[1])] = -np.inf
 
 
 def _check_max(m: float) -> None:

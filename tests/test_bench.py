@@ -143,8 +143,10 @@ def test_acceptance_prediction_and_efficiency_are_computed(bench) -> None:
         shares = (c.draft_share, c.verify_share, c.other_share)
         assert all(s is not None and 0 <= s <= 1 for s in shares)
         assert sum(shares) == pytest.approx(1.0, abs=1e-6)
-    # Greedy speculation reproduces plain greedy decoding exactly.
-    assert [c.greedy_mismatches for c in result.configs if c.temperature == 0] == [0, 0]
+    # Same-as-plain (the default) reproduces plain decoding exactly, greedy or sampled, and says so.
+    assert result.config.same_as_plain and any(c.temperature > 0 for c in result.configs)
+    assert all(c.mismatches == 0 and c.first_forks == [] for c in result.configs)
+    assert all(r.first_fork is None for r in result.runs if r.mode == "spec")
     spec_runs = [r for r in result.runs if r.mode == "spec"]
     assert all(r.predicted_speedup is not None for r in spec_runs)
     assert result.best is max(result.configs, key=lambda c: c.speedup.median)
@@ -505,3 +507,12 @@ def test_ctrl_c_stops_the_bench_with_exit_130_and_keeps_whole_pairs(fixture_mode
     assert len(data["runs"]) >= 2 and len(data["runs"]) % 2 == 0
     assert data["configs"][0]["pairs"] == len(data["runs"]) // 2
     assert "interrupted" in stdout
+
+
+def test_first_difference() -> None:
+    from specli.bench import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    assert first_difference([], []) is None

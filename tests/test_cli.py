@@ -83,6 +83,23 @@ def test_run_seed_is_reproducible(fixture_models, in_empty_dir) -> None:
     assert a["tokens"] == b["tokens"] and a["seed"] == 7
 
 
+def test_run_same_as_plain_prints_what_no_draft_prints(fixture_models, in_empty_dir) -> None:
+    """At temperature 1 with a seed, speculation (k = 3, and auto) prints --no-draft's tokens and says
+    which rule ran; --no-same-as-plain runs the rejection rule."""
+    sampled = ("--temp", "1", "-s", "11")
+    plain = run_json(fixture_models, *sampled, "--no-draft")
+    for k in ("3", "auto"):
+        spec = run_json(fixture_models, *sampled, "--draft", str(fixture_models.draft), "-k", k)
+        assert spec["tokens"] == plain["tokens"] and spec["text"] == plain["text"]
+        assert spec["sampling_mode"] == spec["stats"]["sampling_mode"] == "same-as-plain"
+        assert spec["stats"]["seed"] == 11
+        if k == "3":
+            assert spec["stats"]["drafted"] > 0
+    classic = run_json(fixture_models, *sampled, "--draft", str(fixture_models.draft), "--no-same-as-plain")
+    assert classic["sampling_mode"] == "rejection"
+    assert run_json(fixture_models, "--temp", "0", "--no-draft")["sampling_mode"] == "greedy"
+
+
 def test_run_prompt_from_stdin_and_plain_output(fixture_models, in_empty_dir) -> None:
     result = runner.invoke(
         app, ["run", "--target", str(fixture_models.target), "-", "-n", "8", "--temp", "0", *T1], input=PROMPT

@@ -228,7 +228,7 @@ def results_table(result: BenchResult, *, compact: bool = False) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False,
                   box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, collapse_padding=compact)
     names = ["T", "k", "plain\ntok/s", "spec\ntok/s", "speedup" if compact else "speedup\nmedian  IQR",
-             "spec\nwon", "accept", "tok/\nround", "pred-\nicted", "effi-\nciency"]
+             "spec\nwon", "accept", "tok/\nround", "pred-\nicted", "effi-\nciency", "same\nas plain"]
     if not compact:
         names.append("draft/verify/\nother %")
     for name in names:
@@ -251,13 +251,23 @@ def results_table(result: BenchResult, *, compact: bool = False) -> Table:
         cells: list[Text | str] = [
             ("★ " if is_best else "") + f"{c.temperature:g}", k_text, *rates, speed, f"{c.wins}/{c.pairs}",
             _pct(c.acceptance_rate), _num(c.tokens_per_round, ".2f"), _num(c.predicted_speedup, ".2f", "×"),
-            _pct(c.efficiency),
+            _pct(c.efficiency), _same(c, result.config.same_as_plain),
         ]
         if not compact:
             cells.append("/".join(_num(None if x is None else 100 * x, ".0f") for x in
                                   (c.draft_share, c.verify_share, c.other_share)))
         table.add_row(*cells, style="bold" if is_best else None)
     return table
+
+
+def _same(c: ConfigResult, same_as_plain: bool) -> Text:
+    """Pairs whose speculative tokens equal the plain run's (greedy, or same-as-plain at any T)."""
+    if not (c.temperature == 0 or same_as_plain):
+        return Text("–", style="dim")
+    text = Text(f"{c.pairs - c.mismatches}/{c.pairs}", style="red" if c.mismatches else "green")
+    if c.first_forks:
+        text.append(f" @{min(c.first_forks)}", style="dim")
+    return text
 
 
 def _fits(console: Console, renderable: Table) -> bool:

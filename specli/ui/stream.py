@@ -126,6 +126,8 @@ def stats_panel(stats: GenerationStats, *, title: str | Text = "speculation") ->
         "predicted speedup",
         "n/a" if predicted is None else f"{predicted:.2f}×",
     )
+    if stats.sampling_mode:
+        t.add_row("sampling", stats.sampling_mode, "seed", "n/a" if stats.seed is None else str(stats.seed))
     if stats.accepted_by_drafter and len(stats.accepted_by_drafter) > 1:
         t.add_row(
             "accepted by drafter",
@@ -176,5 +178,7 @@ def stats_lines(stats: GenerationStats) -> str:
         "overhead_fraction",
         "predicted_speedup",
         "stop_reason",
+        "sampling_mode",
+        "seed",
     ]
     return "\n".join(f"{k}: {d[k]}" for k in keys)
