@@ -250,6 +250,14 @@ def warm_up(spec: Speculator, prompt: list[int], draft_max: int | str = 0) -> No
         pass
 
 
+def too_long(prompt: list[int], args: argparse.Namespace, row: Row) -> bool:
+    """Prompt + N tokens (+ a draft) must fit the context; else the row says why it was skipped."""
+    if len(prompt) + args.n + args.k + 1 <= args.ctx:
+        return False
+    row.note = f"skipped: {len(prompt)} prompt tokens + {args.n} do not fit -c {args.ctx}"
+    return True
+
+
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -300,13 +308,16 @@ def compare_ngram(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
     greedy = SamplingParams(temperature=0.0)
     try:
         warm_up(plain, plain.tokenize(PLAIN_PROMPT))
-        warm_up(ngram, ngram.tokenize(PROMPTS["code"]), "auto")
+        warm_up(ngram, ngram.tokenize(PLAIN_PROMPT), "auto")
         for kind, text in PROMPTS.items():
             prompt = ngram.tokenize(text)
             ref = Row("ngram", name, kind, f"llama-lookup --spec-draft-n-max {args.k}")
             fixed = Row("ngram", name, kind, f"specli --draft ngram -k {args.k}")
             auto = Row("ngram", name, kind, "specli --draft ngram -k auto")
             base = Row("ngram", name, kind, "specli --no-draft (reference)")
+            if too_long(prompt, args, ref):
+                rows.append(ref)
+                continue
             if lookup is None:
                 ref.note = "skipped: llama-lookup not found (run examples/build_llama_tools.sh)"
             same_text = True
@@ -361,13 +372,16 @@ def compare_draft(target: Path, draft: Path, args: argparse.Namespace, tools: Pa
     rows: list[Row] = []
     spec = load(target, draft, n_ctx=args.ctx, n_threads=args.threads)
     try:
-        warm_up(spec, spec.tokenize(PROMPTS["code"]), "auto")
+        warm_up(spec, spec.tokenize(PLAIN_PROMPT), "auto")
         for kind in ("copy-edit", "code"):
             text = PROMPTS[kind]
             prompt = spec.tokenize(text)
             ref = Row("draft", name, kind, f"llama-speculative-simple --spec-draft-n-max {args.k}")
             fixed = Row("draft", name, kind, f"specli -k {args.k}")
             auto = Row("draft", name, kind, "specli -k auto")
+            if too_long(prompt, args, ref):
+                rows.append(ref)
+                continue
             if tool is None:
                 ref.note = "skipped: llama-speculative-simple not found (run examples/build_llama_tools.sh)"
             for rep in range(args.repeat):
@@ -408,7 +422,7 @@ def fmt(x: float | None, spec: str) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
-    header = f"{'section':<7} {'model':<28} {'prompt':<10} {'method':<44} "
+    header = f"{'section':<7} {'model':<28} {'prompt':<10} {'method':<50} "
     header += f"{'tok/s':>7} {'accept':>7} {'ratio':>6}  note"
     print(header)
     print("-" * len(header))
@@ -417,7 +431,7 @@ def print_table(rows: list[Row]) -> None:
             "%" if r.accept is not None else ""
         )
         print(
-            f"{r.section:<7} {r.model[:28]:<28} {r.prompt:<10} {r.method[:44]:<44} {fmt(r.rate, '.1f'):>7} "
+            f"{r.section:<7} {r.model[:28]:<28} {r.prompt:<10} {r.method[:50]:<50} {fmt(r.rate, '.1f'):>7} "
             f"{accept:>7} {fmt(r.ratio, '.3f'):>6}  {r.note}"
         )
     print(

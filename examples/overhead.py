@@ -44,8 +44,11 @@ class Sample:
         return max(0.0, 1.0 - self.decode / self.total)
 
 
-def generate(spec: Speculator, prompt: list[int], n: int, sampling: SamplingParams, seed: int) -> Sample:
-    spec.engine.reset()
+def generate(
+    spec: Speculator, prompt: list[int], n: int, sampling: SamplingParams, seed: int, reset: bool = True
+) -> Sample:
+    if reset:  # evaluate the whole prompt each time (it is not in the figures either way)
+        spec.engine.reset()
     params = GenerationParams(max_tokens=n, sampling=sampling, ignore_eos=True, seed=seed, draft_max=0)
     for _ in spec.generate(prompt, params):
         pass
@@ -56,9 +59,10 @@ def generate(spec: Speculator, prompt: list[int], n: int, sampling: SamplingPara
 def profile_top(spec: Speculator, prompt: list[int], n: int, sampling: SamplingParams, top: int = 15) -> None:
     """cProfile one generation; print the functions with the most own time outside llama_decode."""
     prof = cProfile.Profile()
+    spec.engine.reset()  # outside the profile: clearing the cache is not per-token work
     before = spec.target.decode_seconds
     prof.enable()
-    sample = generate(spec, prompt, n, sampling, seed=0)
+    sample = generate(spec, prompt, n, sampling, seed=0, reset=False)
     prof.disable()
     decode = spec.target.decode_seconds - before
     stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
