@@ -159,7 +159,9 @@ def run_tool(cmd: list[str], timeout: float = 900) -> tuple[str, str]:
     """Run a llama.cpp binary; (stdout, stderr: its log)."""
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        errors = [line for line in lines if " E " in line]  # llama.cpp's log marks errors with E
+        tail = (errors or lines)[-3:]
         raise ToolError(f"{Path(cmd[0]).name} exited with {proc.returncode}: {' | '.join(tail)}")
     return proc.stdout, proc.stderr
 
@@ -389,7 +391,10 @@ def compare_draft(target: Path, draft: Path, args: argparse.Namespace, tools: Pa
                 if tool is not None:
                     cmd = spec_tool_cmd(tool, target, text, args.n - 1, args.threads, args.k, args.ctx)
                     try:
-                        tr = parse_spec_log(run_tool([*cmd, "-md", str(draft)]))
+                        # This llama.cpp needs the speculation type named, or it refuses to start.
+                        tr = parse_spec_log(
+                            run_tool([*cmd, "-md", str(draft), "--spec-type", "draft-simple"])
+                        )
                         tool_rate = tr.rate
                         ref.rates.append(tr.rate)
                         if tr.acceptance is not None:
