@@ -46,6 +46,7 @@ from _bench_common import GEMMA_HINT, find_tool, gemma_path, tools_dir  # noqa: 
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
 from specli.api import Speculator  # noqa: E402
+from specli.sampling import DEFAULT_SAMPLING  # noqa: E402
 
 PLAIN_PROMPT = "The history of the city begins"
 
@@ -287,7 +288,7 @@ def compare_plain(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
                     ref.rates.append(tg)
                 except (ToolError, subprocess.TimeoutExpired, ValueError) as e:
                     ref.note = f"failed: {e}"
-            for row, sampling in ((greedy, SamplingParams(temperature=0.0)), (sampled, SamplingParams())):
+            for row, sampling in ((greedy, SamplingParams(temperature=0.0)), (sampled, DEFAULT_SAMPLING)):
                 run = specli_run(spec, prompt, args.n, sampling, 0, seed=rep)
                 row.rates.append(run.rate)
                 if tg:
