@@ -201,37 +201,33 @@ def _sorted_desc(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return ids[np.lexsort((ids, -row[ids]))]
 
 
-# How far below the maximum the group search starts (learned across rows: it decides only how many
-# groups are looked at, never the result).
-_search_depth = [6.0]
-
-
 def _top_ids(row: np.ndarray, groups: _Groups, width: int) -> np.ndarray:
     """The `width` largest logits' ids, best first.
 
-    If at least `width` groups have a maximum >= t, the width-th largest value is >= t too (each of
-    those maxima is a value), so every id that can be among the top lies in a group whose maximum
-    reaches t: only those groups are gathered. t is found on the group maxima alone, one nat at a time.
+    The width-th largest group maximum t is a value of the row, and `width` groups reach it, so the
+    width-th largest value is >= t: every id that can be among the top lies in a group whose maximum
+    reaches t, and only those groups are gathered (about `width` of them).
     """
     n = row.shape[0]
     gm = groups.max
     if width >= gm.shape[0] or width * groups.rows * 4 >= n:
         ids = np.arange(n)
     else:
-        m = float(gm.max())
-        depth = _search_depth[0]
-        while np.count_nonzero(gm >= m - depth) < width:
-            depth += 1.0
-        while depth > 1.0 and np.count_nonzero(gm >= m - depth + 1.0) >= width:
-            depth -= 1.0
-        _search_depth[0] = depth
-        ids = groups.ids(np.flatnonzero(gm >= m - depth))
+        kth = np.partition(gm, gm.shape[0] - width)[gm.shape[0] - width]
+        ids = groups.ids(np.flatnonzero(gm >= kth))
+    vals = row[ids]
     if width < ids.shape[0]:
-        vals = row[ids]
-        threshold = vals[np.argpartition(vals, ids.shape[0] - width)[ids.shape[0] - width]]
-        above = ids[vals > threshold]
-        ties = np.sort(ids[vals == threshold])[: width - above.shape[0]]  # lowest ids win ties
-        ids = np.concatenate([above, ties])
+        cut = ids.shape[0] - width
+        part = np.argpartition(vals, cut)
+        threshold = vals[part[cut]]
+        top = part[cut:]
+        if np.count_nonzero(vals == threshold) > np.count_nonzero(vals[top] == threshold):
+            # A tie at the boundary: the lowest ids win it (deterministic, as llama.cpp's sort).
+            above = ids[vals > threshold]
+            ties = np.sort(ids[vals == threshold])[: width - above.shape[0]]
+            ids = np.concatenate([above, ties])
+        else:
+            ids = ids[top]
     return _sorted_desc(row, ids)
 
 
