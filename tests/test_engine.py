@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import plain_greedy
+from support import PROMPT, plain_greedy
 
 from specli import GenerationParams, SamplingParams, TokenEvent, load
 from specli.compat import VocabMismatchError, check_vocab
 from specli.events import DoneEvent, Origin, RejectedEvent, RoundEvent
 from specli.llama import Model, ModelOptions
 
-PROMPT = "Once upon a time"
 GREEDY = SamplingParams(temperature=0.0)
 
 
