@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import SHARED_MODELS_DIR, STORIES_DRAFT, STORIES_TARGET
+from support import SHARED_MODELS_DIR
 
 from specli.synth import FixtureModels, build_fixture_models
 
@@ -31,6 +31,8 @@ def fixture_models(tmp_path_factory: pytest.TempPathFactory) -> FixtureModels:
 @pytest.fixture(scope="session")
 def shared_models() -> SharedModels:
     """The real trained target/draft pair; skips when ../shared/models is absent."""
-    if not (STORIES_TARGET.is_file() and STORIES_DRAFT.is_file()):
+    target = SHARED_MODELS_DIR / "stories260K.gguf"
+    draft = SHARED_MODELS_DIR / "llama2xs-279K-draft.gguf"
+    if not (target.is_file() and draft.is_file()):
         pytest.skip("../shared/models not present (real trained pair only exists on the dev machine)")
-    return SharedModels(target=STORIES_TARGET, draft=STORIES_DRAFT, directory=SHARED_MODELS_DIR)
+    return SharedModels(target=target, draft=draft, directory=SHARED_MODELS_DIR)

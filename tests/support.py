@@ -5,7 +5,7 @@
   plausible wrong ones (what an exactness test must be able to tell apart);
 - the plain greedy reference (the target alone, one token per llama_decode);
 - where the real trained pair lives (tests use the `shared_models` fixture, which skips without it),
-  a tiny GGUF writer, and environment isolation.
+  and a tiny GGUF writer. (Isolation from the user's environment: an autouse fixture in conftest.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 
 import gguf
 import numpy as np
-import pytest
 
 # ---------------------------------------------------------------------------------------------------
 # model paths
@@ -283,22 +282,3 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
-
-
-# ---------------------------------------------------------------------------------------------------
-# isolation
-# ---------------------------------------------------------------------------------------------------
-
-
-def isolate(monkeypatch: pytest.MonkeyPatch, root: Path) -> Path:
-    """No user configuration can leak in: HOME, XDG and APPDATA under root, no $SPECLI_CONFIG, and
-    an empty working directory root/work (returned)."""
-    work = root / "work"
-    for d in (root / "home", work):
-        d.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv("HOME", str(root / "home"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(root / "xdg"))
-    monkeypatch.setenv("APPDATA", str(root / "appdata"))
-    monkeypatch.delenv("SPECLI_CONFIG", raising=False)
-    monkeypatch.chdir(work)
-    return work
