@@ -25,6 +25,7 @@ from specli.llama import Model, ModelOptions
 from specli.stats import GenerationStats
 
 NGRAM = "ngram"
+MTP = "mtp"  # self-drafting from the target's multi-token-prediction layers (not implemented yet)
 
 
 class Speculator:
@@ -70,26 +71,28 @@ def load(
 ) -> Speculator:
     """Load a target and optionally a drafter.
 
-    draft: a GGUF path (a draft model), "ngram" (prompt lookup, no model), or None (plain decoding).
+    draft: a GGUF path (a draft model), "ngram" (prompt lookup, no model), or None (plain decoding);
+    "mtp" (self-drafting from the target's MTP layers) is refused with a clear error for now.
     ngram=True with a draft model: combined drafting (n-gram matches first, the model otherwise).
     """
-    opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+    # Without a drafter nothing rolls back: a recurrent target needs no state snapshots (each one is
+    # a copy of the whole recurrent state, ~50 MB on a 9B Qwen3.5).
+    opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                        **({"max_rollback": 0} if draft is None else {}))
     target_model = Model(target, opts)
     drafter: Drafter | None = None
     compat = None
     try:
         if draft is not None and str(draft) == NGRAM:
             drafter = NGramDrafter()
+        elif draft is not None and str(draft) == MTP:
+            _refuse_mtp(target_model)
         elif draft is not None:
             draft_model = Model(
                 draft, ModelOptions(n_ctx=target_model.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
             )
             try:
-                if draft_model.is_recurrent:
-                    raise ValueError(
-                        f"{draft_model.path.name} is a recurrent/hybrid model: its cache cannot roll back "
-                        "rejected drafts, so it cannot be a draft model"
-                    )
+                # A recurrent/hybrid draft goes back through a checkpoint of its state (Model.checkpoint).
                 compat = require_compatible(target_model, draft_model)
             except Exception:
                 draft_model.close()
@@ -102,3 +105,19 @@ def load(
             drafter.close()
         target_model.close()
         raise
+
+
+def _refuse_mtp(target: Model) -> None:
+    """draft="mtp": a clear error, whether or not the GGUF has MTP layers (the drafter over
+    llama.cpp's LLAMA_CONTEXT_TYPE_MTP context is not written yet)."""
+    n = target.n_layer_nextn
+    if n == 0:
+        raise ValueError(
+            f"{target.path.name} has no MTP (multi-token prediction) layers "
+            f"({target.architecture}.nextn_predict_layers is 0), so it cannot draft for itself; "
+            "use a draft model or --draft ngram"
+        )
+    raise ValueError(
+        f"{target.path.name} has {n} MTP layer(s), but specli cannot draft with them yet; "
+        "use a draft model or --draft ngram"
+    )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import io
 import json
 import os
 import platform
@@ -36,7 +37,9 @@ import numpy as np
 from specli.drafters.base import Drafter
 from specli.engine import GenerationParams, SpeculativeEngine
 from specli.errors import UsageProblem
+from specli.fileio import atomic_write_text
 from specli.llama import Model, ModelOptions
+from specli.options import temperature_problem
 from specli.policy import AutoK
 from specli.sampling import SamplingParams
 from specli.stats import GenerationStats, expected_tokens_per_round
@@ -203,8 +206,8 @@ def parse_temp_list(value: str) -> list[float]:
             t = float(item)
         except ValueError:
             raise BenchError(f"--temp: {item!r} is not a number") from None
-        if not (t >= 0 and np.isfinite(t)):
-            raise BenchError(f"--temp: {item} is not a temperature (need a number >= 0)")
+        if (why := temperature_problem(t)) is not None:
+            raise BenchError(f"--temp: {item} is not a temperature: it {why}")
         if t not in out:
             out.append(t)
     if not out:
@@ -225,6 +228,7 @@ class BenchConfig:
     n_threads: int = 0  # 0: llama.default_threads()
     n_gpu_layers: int = 0
     seed: int = 0
+    same_as_plain: bool = True  # drafts verified against the target's own keyed draw (see sampling)
     top_k: int = 40  # the sampling filters of `specli run`, so bench measures what run does
     top_p: float = 0.95
     min_p: float = 0.05
@@ -379,10 +383,13 @@ class RunRecord:
     other_seconds: float  # generation time not drafting or verifying
     decode_seconds: float
     stop_reason: str
-    output_crc: int  # crc32 of the output token ids: greedy pairs must agree
+    output_crc: int  # crc32 of the output token ids: greedy and same-as-plain pairs must agree
     k_per_round: list[int] = field(default_factory=list)
     predicted_speedup: float | None = None  # spec only, from the verify-cost curve
     speedup: float | None = None  # spec only: this run's tok/s over its pair's plain tok/s
+    # spec only: the index of the first token where its output differs from its pair's plain run
+    # (None: the same tokens)
+    first_fork: int | None = None
 
 
 @dataclass
@@ -418,7 +425,10 @@ class ConfigResult:
     plain_other_share: float | None  # plain runs: generation time outside the target decode
     predicted_speedup: float | None
     efficiency: float | None  # measured median speedup / predicted
-    greedy_mismatches: int  # temperature 0 pairs whose outputs differ (should be 0)
+    # Pairs whose outputs must agree (greedy, or same-as-plain with a seed) but differ, and the token
+    # index of each one's first difference: 0 mismatches where batched logits equal single-token ones.
+    mismatches: int
+    first_forks: list[int]
     short_runs: int  # runs that stopped before max_tokens (EOS): fewer tokens, noisier rate
     per_prompt: list[PromptResult] = field(default_factory=list)
 
@@ -710,15 +720,17 @@ def _run_pairs(loaded: _Loaded, config: BenchConfig, prompts: list[BenchPrompt],
                 for rep in range(config.repeat):
                     seed = config.seed + 1000 * pi + rep  # the same for both halves, and across configs
                     done: list[RunRecord] = []
+                    outputs: dict[str, list[int]] = {}
                     for position, mode in enumerate(_pair_order(config, pair)):
                         engine = loaded.spec if mode == "spec" else loaded.plain
                         params = GenerationParams(max_tokens=config.max_tokens, sampling=sampling, seed=seed,
                                                   draft_max=k if mode == "spec" else 1,
-                                                  ignore_eos=config.ignore_eos)
+                                                  ignore_eos=config.ignore_eos,
+                                                  same_as_plain=config.same_as_plain)
                         loaded.reset()
-                        stats, out = _timed_generation(engine, tokens, params)
+                        stats, outputs[mode] = _timed_generation(engine, tokens, params)
                         done.append(_record(seq, temp, k, prompt.name, rep, pair, mode, position, seed,
-                                            stats, out, result.curve))
+                                            stats, outputs[mode], result.curve))
                         seq += 1
                         _step(progress, f"T={temp:g} k={k} {prompt.name} #{rep + 1} {mode}")
                     # Only whole pairs are kept, so an interrupted bench never holds half a pair.
@@ -726,6 +738,7 @@ def _run_pairs(loaded: _Loaded, config: BenchConfig, prompts: list[BenchPrompt],
                     spec = next(r for r in done if r.mode == "spec")
                     if plain.tokens_per_second and spec.tokens_per_second:
                         spec.speedup = spec.tokens_per_second / plain.tokens_per_second
+                    spec.first_fork = first_difference(outputs["plain"], outputs["spec"])
                     result.runs.extend(done)
                     pair += 1
 
@@ -860,6 +873,8 @@ def _aggregate_one(temp: float, k: K, runs: list[RunRecord], config: BenchConfig
             tokens_per_round=pooled_p["tokens_per_round"],
             predicted_speedup=pooled_p["predicted_speedup"],
         ))
+    must_agree = temp == 0 or config.same_as_plain
+    forks = [s.first_fork for _, s in pairs if must_agree and s.first_fork is not None]
     return ConfigResult(
         temperature=temp, k=k, pairs=len(pairs),
         plain_tps=Spread.of([r.tokens_per_second for r in plain]),
@@ -871,7 +886,8 @@ def _aggregate_one(temp: float, k: K, runs: list[RunRecord], config: BenchConfig
                            if plain_gen > 0 else None),
         predicted_speedup=predicted,
         efficiency=(speedup.median / predicted) if speedup.median is not None and predicted else None,
-        greedy_mismatches=sum(1 for p, s in pairs if temp == 0 and p.output_crc != s.output_crc),
+        mismatches=len(forks),
+        first_forks=forks,
         short_runs=sum(1 for r in plain + spec if r.n_generated < config.max_tokens),
         per_prompt=per_prompt,
         **pooled,
@@ -927,8 +943,9 @@ def _model_info(model: Model, load_seconds: float) -> ModelInfo:
 
 
 def write_json(result: BenchResult, path: str | Path) -> None:
-    """Every figure, the metadata and each run's raw record, as one JSON document."""
-    Path(path).write_text(json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    """Every figure, the metadata and each run's raw record, as one JSON document (written atomically:
+    a reader never sees half of it)."""
+    atomic_write_text(path, json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
 
 CSV_FIELDS = [
@@ -937,7 +954,7 @@ CSV_FIELDS = [
     "predicted_speedup",
     "rounds", "drafted", "accepted", "rejections", "acceptance_rate", "alpha", "tokens_per_round",
     "mean_accepted", "mean_k", "draft_seconds", "verify_seconds", "other_seconds", "decode_seconds",
-    "stop_reason", "output_crc",
+    "stop_reason", "output_crc", "first_fork",
 ]
 _CSV_META = ["target", "draft", "drafter", "max_tokens", "n_threads", "started_at"]
 
@@ -953,12 +970,13 @@ def write_csv(result: BenchResult, path: str | Path) -> None:
         "n_threads": result.target.n_threads if result.target else result.config.n_threads,
         "started_at": result.started_at,
     }
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS + _CSV_META, extrasaction="ignore")
-        writer.writeheader()
-        for run in result.runs:
-            row = _rounded(asdict(run))
-            writer.writerow({**{k: ("" if row[k] is None else row[k]) for k in CSV_FIELDS}, **meta})
+    f = io.StringIO(newline="")
+    writer = csv.DictWriter(f, fieldnames=CSV_FIELDS + _CSV_META, extrasaction="ignore")
+    writer.writeheader()
+    for run in result.runs:
+        row = _rounded(asdict(run))
+        writer.writerow({**{k: ("" if row[k] is None else row[k]) for k in CSV_FIELDS}, **meta})
+    atomic_write_text(path, f.getvalue())
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -1007,11 +1025,15 @@ def bench_notes(result: BenchResult) -> list[tuple[str, str]]:
     if threads and threads > usable:
         notes.append(("warn", f"{threads} threads on {usable} usable CPUs: oversubscribed, "
                               "llama.cpp slows down"))
-    mismatched = sum(c.greedy_mismatches for c in result.configs)
+    mismatched = sum(c.mismatches for c in result.configs)
     if mismatched:
-        notes.append(("warn", f"{mismatched} greedy (T=0) pairs gave different outputs for plain and "
-                              "speculative decoding: batched and single-token logits differ slightly on "
-                              "this backend, or a bug"))
+        forks = sorted(f for c in result.configs for f in c.first_forks)
+        which = "greedy and same-as-plain" if result.config.same_as_plain else "greedy (T=0)"
+        shown = ", ".join(str(f) for f in forks[:8]) + (" …" if len(forks) > 8 else "")
+        notes.append(("warn", f"{mismatched} {which} pairs forked from their plain run (first differing "
+                              f"token: {shown}): "
+                              "this model's batched logits differ slightly from single-token ones (K-quants "
+                              "do, F32/F16/Q8_0 do not; see the README), or a bug"))
     overhead = [c.plain_other_share for c in result.configs if c.plain_other_share is not None]
     if overhead and statistics.median(overhead) > 0.2:
         notes.append(("info", f"plain decoding spends {100 * statistics.median(overhead):.0f} % of its time "
@@ -1034,3 +1056,12 @@ def iter_pairs(result: BenchResult) -> Iterator[tuple[RunRecord, RunRecord]]:
     for temp in result.config.temps:
         for k in result.config.ks:
             yield from _pairs([r for r in result.runs if r.temperature == temp and r.k == k])
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (the shorter one's length if one is a prefix of
+    the other), or None if they are equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

@@ -29,11 +29,14 @@ from rich.text import Text
 from specli.api import Speculator
 from specli.chat_template import ChatTemplate, ChatTemplateError
 from specli.engine import GenerationParams
-from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME
+from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageProblem
 from specli.events import DoneEvent, Event, PromptEvent, TokenEvent
+from specli.fileio import atomic_write_text
 from specli.llama import LlamaError, Model
+from specli.options import temperature_problem, valid_text
 from specli.sampling import SamplingParams
 from specli.stats import GenerationStats
+from specli.ui.console import make_console
 
 __all__ = [
     "ChatError",
@@ -77,6 +80,7 @@ class ChatOptions:
     min_p: float = 0.05
     draft_max: int | str = "auto"
     seed: int | None = None  # None: random; otherwise turn i uses seed + i (reproducible sessions)
+    same_as_plain: bool = True  # a seeded session prints what plain decoding would (see sampling)
     show_rejected: bool = False
     history: bool = True  # keep readline history in default_history_path() (terminals only)
 
@@ -173,6 +177,7 @@ class CommandResult:
     text: str = ""
     error: bool = False
     exit: bool = False
+    failed: bool = False  # an action that did not happen (a /save not written), not just a typo
 
 
 @dataclass(frozen=True)
@@ -244,7 +249,9 @@ class ChatSession:
             self.template, self.template_notice = template, None
         else:
             self.template, self.template_notice = build_chat_template(spec.target)
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, str]] = []  # the conversation as the model sees it (fits the context)
+        # Messages dropped from the context to make room: still part of what was said, so /save keeps them.
+        self.dropped: list[dict[str, str]] = []
         if options.system:
             self.messages.append({"role": "system", "content": options.system})
         self.turns: list[TurnRecord] = []
@@ -275,7 +282,8 @@ class ChatSession:
     def generation_params(self) -> GenerationParams:
         seed = None if self.options.seed is None else self.options.seed + len(self.turns)
         return GenerationParams(max_tokens=self.max_tokens, sampling=self.sampling, seed=seed,
-                                stop=tuple(self.stops), draft_max=self.draft_max)
+                                stop=tuple(self.stops), draft_max=self.draft_max,
+                                same_as_plain=self.options.same_as_plain)
 
     def totals(self) -> SessionTotals:
         t = self.turns
@@ -311,6 +319,10 @@ class ChatSession:
         The prompt must leave reply_reserve() tokens free; if it does not, the oldest exchanges go
         (never the system message) until it fills at most TRIM_TO of the context.
         """
+        try:
+            valid_text(user_text, "the message")
+        except UsageProblem as e:
+            raise ChatError(str(e)) from None
         history = [dict(m) for m in self.messages]
         reserve = self.reply_reserve()
         limit = self.n_ctx - reserve
@@ -342,6 +354,10 @@ class ChatSession:
     def _turn(self, prepared: PreparedPrompt) -> Generator[ChatEvent, None, None]:
         self.last_prompt = prepared
         if prepared.dropped_turns:
+            # _drop_oldest_turn removes one block right after the system message
+            start = 1 if self.system is not None else 0
+            n_removed = len(self.messages) - len(prepared.history)
+            self.dropped.extend(self.messages[start : start + n_removed])
             self.messages = prepared.history
         self.messages.append({"role": "user", "content": prepared.user_text})
         params = self.generation_params()
@@ -407,6 +423,7 @@ class ChatSession:
         """Forget the conversation; the system message stays."""
         system = self.system
         self.messages = [{"role": "system", "content": system}] if system is not None else []
+        self.dropped = []
 
     def set_system(self, text: str) -> None:
         if self.system is not None:
@@ -434,6 +451,8 @@ class ChatSession:
             raise ChatError(f"/temp takes a number >= 0, not {value.strip()!r}") from None
         if not (math.isfinite(t) and t >= 0):
             raise ChatError(f"/temp must be a finite number >= 0, got {value.strip()}")
+        if (why := temperature_problem(t)) is not None:  # the same rule as --temp
+            raise ChatError(f"/temp {why}")
         self.sampling = replace(self.sampling, temperature=t)
 
     def transcript(self) -> dict[str, Any]:
@@ -458,15 +477,23 @@ class ChatSession:
                 "seed": self.options.seed,
                 "stop": self.stops,
             },
-            "messages": [dict(m) for m in self.messages],
+            # everything said since the last /reset, also turns dropped from the context to make room
+            "messages": self.conversation(),
+            "dropped_from_context": len(self.dropped),
             "turns": [t.to_dict() for t in self.turns],
         }
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The whole conversation since the last /reset: the system message, the turns dropped from the
+        context, then those still in it."""
+        start = 1 if self.system is not None else 0
+        return [dict(m) for m in [*self.messages[:start], *self.dropped, *self.messages[start:]]]
 
     def save(self, path: str | Path) -> Path:
         path = Path(path).expanduser()
         try:
             text = json.dumps(self.transcript(), ensure_ascii=False, indent=2)
-            path.write_text(text + "\n", encoding="utf-8")
+            atomic_write_text(path, text + "\n")
         except OSError as e:
             raise ChatError(f"cannot write {path}: {e.strerror or e}") from None
         return path
@@ -507,7 +534,10 @@ class ChatSession:
             if name == "/save":
                 if not arg:
                     raise ChatError("usage: /save FILE")
-                path = self.save(arg)
+                try:
+                    path = self.save(arg)
+                except ChatError as e:
+                    return CommandResult(str(e), error=True, failed=True)
                 return CommandResult(f"saved {len(self.turns)} turns to {path}")
         except ChatError as e:
             return CommandResult(str(e), error=True)
@@ -579,8 +609,10 @@ ReadLine = Callable[[str], "str | None"]  # prompt -> a line without its newline
 BLOCK = '"""'
 
 
-def read_message(read_line: ReadLine, prompt: str = "> ", continuation: str = "… ") -> str | None:
-    """One user message: a line; `\\` at the end continues it; a \"\"\" block spans lines. None at EOF."""
+def read_message(read_line: ReadLine, prompt: str = "> ", continuation: str = "… ",
+                 on_open_block_at_eof: Callable[[], None] | None = None) -> str | None:
+    """One user message: a line; `\\` at the end continues it; a \"\"\" block spans lines. None at EOF.
+    End of input inside a block sends what the block holds, after calling `on_open_block_at_eof`."""
     first = read_line(prompt)
     if first is None:
         return None
@@ -597,6 +629,9 @@ def read_message(read_line: ReadLine, prompt: str = "> ", continuation: str = "�
                     parts.append(tail)
                 break
             parts.append(line)
+        else:
+            if on_open_block_at_eof is not None:
+                on_open_block_at_eof()
         return "\n".join(parts)
     parts = []
     line: str | None = first
@@ -709,8 +744,8 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
     from specli.ui.stream import TokenPrinter, legend
 
     input_stream = input_stream if input_stream is not None else sys.stdin
-    console = console or Console(highlight=False)
-    err_console = err_console or Console(stderr=True, highlight=False)
+    console = console or make_console()
+    err_console = err_console or make_console(stderr=True)
     # Terminal mode needs both ends: input() reads sys.stdin, and the reply is drawn on `console`.
     interactive = input_stream is sys.stdin and _is_tty(input_stream) and console.is_terminal
     info = console if interactive else err_console  # stdout carries only replies when scripted
@@ -745,10 +780,19 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
 
     exit_code = EXIT_OK
     ctrl_c_at_prompt = False
+    open_block_at_eof = False
+
+    def block_left_open() -> None:
+        nonlocal open_block_at_eof
+        open_block_at_eof = True
+        if interactive:
+            console.print()
+        error('end of input inside a """ block: sending what it holds (close a block with """)')
+
     try:
         while True:
             try:
-                message = read_message(read_line, prompt, continuation)
+                message = read_message(read_line, prompt, continuation, block_left_open)
             except KeyboardInterrupt:
                 if ctrl_c_at_prompt or not interactive:
                     console.print()
@@ -766,6 +810,8 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
                 continue
             if message.startswith("/") and not message.startswith("//"):
                 result = session.command(message)
+                if result.failed and not interactive:
+                    exit_code = EXIT_RUNTIME  # a script's /save that wrote nothing must not look fine
                 if result.exit:
                     return exit_code
                 if result.error:
@@ -778,6 +824,8 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
             if not _reply(session, message, console=console, printer=printer, say=say, error=error):
                 if not interactive:
                     exit_code = EXIT_RUNTIME
+            if open_block_at_eof and not interactive:
+                exit_code = EXIT_RUNTIME  # the input was cut short
     finally:
         save_history()
 

@@ -10,9 +10,13 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
-from specli.errors import EXIT_INTERRUPTED, UsageProblem, friendly_errors
+from specli.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageProblem, friendly_errors
 from specli.events import TokenEvent
+from specli.options import check_values, decode_input, parse_draft_max, valid_text
+from specli.ui.console import make_console
 
 app = typer.Typer(
     add_completion=False,
@@ -57,7 +61,16 @@ TopPOpt = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus sampling
 MinPOpt = typer.Option(
     0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below P × the top probability (0: off)."
 )
-SeedOpt = typer.Option(None, "-s", "--seed", help="Random seed (default: random; the one used is in --json).")
+SeedOpt = typer.Option(
+    None, "-s", "--seed", help="Random seed (default or -1: random; the one used is in --json)."
+)
+SameAsPlainOpt = typer.Option(
+    True,
+    "--same-as-plain/--no-same-as-plain",
+    help="Accept a draft token only where it equals the target's own draw, so a seeded run prints exactly "
+    "what --no-draft prints (default). --no-same-as-plain: the classic rejection rule, higher acceptance "
+    "with a draft model, same distribution, but not plain's tokens.",
+)
 CtxOpt = typer.Option(4096, "-c", "--ctx", min=16, help="Context size in tokens.")
 ThreadsOpt = typer.Option(0, "-t", "--threads", min=0, help="CPU threads (0: one per core).")
 GpuLayersOpt = typer.Option(
@@ -66,21 +79,14 @@ GpuLayersOpt = typer.Option(
 VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's own log.")
 
 
-def _parse_draft_max(value: str) -> int | str:
-    if value == "auto":
-        return "auto"
-    try:
-        k = int(value)
-    except ValueError:
-        raise UsageProblem(f"--draft-max must be a whole number or 'auto', not {value!r}") from None
-    if not 0 <= k <= 64:
-        raise UsageProblem(f"--draft-max must be between 0 and 64, got {k}")
-    return k
+_parse_draft_max = parse_draft_max
 
 
 def _read_prompt(prompt: str) -> str:
     if prompt == "-":
-        prompt = sys.stdin.read()
+        stdin = getattr(sys.stdin, "buffer", None)
+        prompt = decode_input(stdin.read(), "the prompt on stdin") if stdin else sys.stdin.read()
+    valid_text(prompt, "the prompt")
     if not prompt.strip():
         raise UsageProblem("the prompt is empty: give text as the argument, or '-' to read it from stdin")
     return prompt
@@ -111,6 +117,8 @@ def plan_models(
     from specli.api import NGRAM
     from specli.config import explicit_cli_values, find_config, load_config
 
+    if no_draft and draft is not None:
+        raise UsageProblem("--draft and --no-draft contradict each other: give one of them")
     found = find_config(config)
     cfg = load_config(found) if found else None
     values = dict(context.params)
@@ -134,7 +142,18 @@ def plan_models(
         elif wanted is not None:
             draft_arg = cfg.resolve(wanted).path if cfg else Path(wanted).expanduser()
             draft_arg = _validated(Path(draft_arg))
-    return Plan(_validated(target_path), draft_arg, values)
+    return Plan(_validated(target_path), draft_arg, check_values(values))
+
+
+def _check_ngram(ngram: bool, draft: str | Path | None) -> None:
+    """--ngram combines n-gram lookup with a draft model; without one it would do nothing."""
+    from specli.api import NGRAM
+
+    if ngram and (draft is None or draft == NGRAM):
+        raise UsageProblem(
+            "--ngram adds n-gram lookup to a draft model, and there is none: give --draft MODEL "
+            "(or --draft ngram for n-gram lookup alone)"
+        )
 
 
 def _load(plan: Plan, *, ngram: bool, draft_p_min: float, verbose: bool, err: Console):
@@ -150,8 +169,8 @@ def _load(plan: Plan, *, ngram: bool, draft_p_min: float, verbose: bool, err: Co
             "but drafting costs as much as verifying, so this cannot be faster"
         )
     what = plan.target.name + (f" + {Path(draft).name}" if draft else "")
-    with err.status(f"loading {what}"):
-        return load(
+    with err.status(Text(f"loading {what}")):
+        spec = load(
             plan.target,
             draft,
             n_ctx=v["ctx"],
@@ -160,6 +179,14 @@ def _load(plan: Plan, *, ngram: bool, draft_p_min: float, verbose: bool, err: Co
             draft_p_min=draft_p_min,
             ngram=ngram and draft not in (None, NGRAM),
         )
+    if spec.target.n_ctx != v["ctx"]:
+        # llama.cpp rounds contexts up to a multiple of 256: say what the user got
+        err.print(
+            f"[yellow]note:[/] the context is {spec.target.n_ctx} tokens (asked for {v['ctx']}; "
+            "llama.cpp sizes contexts in multiples of 256)",
+            soft_wrap=True,  # one line, also on a pipe
+        )
+    return spec
 
 
 def generation_params(values: dict[str, Any], stop: tuple[str, ...] = ()):
@@ -168,7 +195,7 @@ def generation_params(values: dict[str, Any], stop: tuple[str, ...] = ()):
     from specli.sampling import SamplingParams
 
     seed = values.get("seed")
-    if seed is None:
+    if seed is None or seed == -1:
         import secrets
 
         seed = secrets.randbelow(2**31)
@@ -209,6 +236,7 @@ def run(
     top_p: float = TopPOpt,
     min_p: float = MinPOpt,
     seed: int | None = SeedOpt,
+    same_as_plain: bool = SameAsPlainOpt,
     ctx: int = CtxOpt,
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
@@ -224,15 +252,18 @@ def run(
     config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
 ) -> None:
     """Generate a continuation of PROMPT, showing which tokens the draft got right."""
-    out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    out = make_console()
+    err = make_console(stderr=True)
     with friendly_errors():
         _parse_draft_max(draft_max)
-        if top_p <= 0:
-            raise UsageProblem("--top-p must be in (0, 1]")
+        for s in stop:
+            valid_text(s, "--stop")
         text = _read_prompt(prompt)
         plan = plan_models(context, target, draft, no_draft=no_draft, config=config)
-        params = replace(generation_params(plan.values, tuple(stop)), ignore_eos=ignore_eos)
+        _check_ngram(ngram, plan.draft)
+        params = replace(
+            generation_params(plan.values, tuple(stop)), ignore_eos=ignore_eos, same_as_plain=same_as_plain
+        )
         spec = _load(plan, ngram=ngram, draft_p_min=draft_p_min, verbose=verbose, err=err)
         with spec:
             prompt_tokens = spec.tokenize(text)
@@ -242,18 +273,32 @@ def run(
                     "raise --ctx or shorten the prompt"
                 )
             mode = "json" if json_out else ("terminal" if out.is_terminal else "pipe")
+            released: list[TokenEvent] = []
             interrupted = _stream(
-                spec, prompt_tokens, params, mode, out, err, show_rejected=show_rejected, prompt_text=text
+                spec,
+                prompt_tokens,
+                params,
+                mode,
+                out,
+                err,
+                show_rejected=show_rejected,
+                prompt_text=text,
+                released=released,
             )
             stats = spec.stats
             if mode == "json":
+                tokens = [e.token for e in released]
+                if stats.stop_reason == "stop" and released and not released[-1].text:
+                    # the token in which a stop string starts, cut to nothing: not part of the output
+                    tokens.pop()
                 print(
                     json.dumps(
                         {
                             "text": spec.engine.text,
-                            "tokens": list(spec.engine.tokens),
+                            "tokens": tokens,
                             "prompt_tokens": len(prompt_tokens),
                             "seed": params.seed,
+                            "sampling_mode": stats.sampling_mode,
                             "stats": stats.as_dict(),
                         },
                         ensure_ascii=False,
@@ -268,7 +313,7 @@ def run(
                 from specli.ui.stream import stats_lines
 
                 print(file=sys.stdout, flush=True)
-                err.print(stats_lines(stats), highlight=False)
+                err.print(Text(stats_lines(stats)))
         if stats.stop_reason == "context":
             err.print(
                 f"[yellow]note:[/] the context ({spec.target.n_ctx} tokens) is full after "
@@ -278,9 +323,9 @@ def run(
             raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _title(spec) -> str:
+def _title(spec) -> Text:
     drafter = spec.drafter.name if spec.drafter else "no draft"
-    return f"{spec.target.path.name} · {drafter}"
+    return Text(f"{spec.target.path.name} · {drafter}")  # Text: a file name is not markup
 
 
 def _stream(
@@ -293,6 +338,7 @@ def _stream(
     *,
     show_rejected: bool,
     prompt_text: str,
+    released: list[TokenEvent] | None = None,
 ) -> bool:
     """Run one generation and render it; True if Ctrl-C stopped it (the stats stay valid)."""
     from specli.ui.stream import TokenPrinter, legend
@@ -302,11 +348,13 @@ def _stream(
         drafters = ("draft", "ngram") if spec.drafter and spec.drafter.name == "combined" else ("draft",)
         if spec.drafter:
             out.print(legend(show_rejected, drafters))
-        out.print(prompt_text, style="bold", end="")
+        out.print(Text(prompt_text, style="bold"), end="")  # Text: the user's words, never markup
         printer = TokenPrinter(out, show_rejected=show_rejected, colour_drafters=len(drafters) > 1)
     events = spec.engine.generate(prompt_tokens, params)
     try:
         for event in events:
+            if released is not None and isinstance(event, TokenEvent):
+                released.append(event)
             if printer is not None:
                 printer(event)
             elif mode == "pipe" and isinstance(event, TokenEvent):
@@ -335,6 +383,7 @@ def bench(
     top_p: float = TopPOpt,
     min_p: float = MinPOpt,
     seed: int = typer.Option(0, "-s", "--seed", help="Seed of the first pair (pairs share a seed)."),
+    same_as_plain: bool = SameAsPlainOpt,
     ctx: int = typer.Option(2048, "-c", "--ctx", min=16, help="Context size in tokens."),
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
@@ -359,14 +408,22 @@ def bench(
     )
     from specli.ui.bench_view import bench_progress, render_bench
 
-    out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    out = make_console()
+    err = make_console(stderr=True)
     with friendly_errors():
+        # Output paths first: a result is never measured only to be lost on a bad path.
+        outputs = [(_output_path(p, opt), writer) for p, opt, writer in
+                   ((json_path, "--json", write_json), (csv_path, "--csv", write_csv)) if p is not None]
         plan = plan_models(context, target, draft, no_draft=False, config=config)
         if plan.draft is None:
             raise UsageProblem("bench compares against a drafter: give --draft (a model, or 'ngram')")
+        _check_ngram(ngram, plan.draft)
         llama.set_verbose(verbose)
         v = plan.values
+        if v.get("seed") is None:
+            import secrets
+
+            v["seed"] = secrets.randbelow(2**31)
         cfg = BenchConfig(
             target=plan.target,
             draft=plan.draft,
@@ -378,7 +435,8 @@ def bench(
             n_ctx=v["ctx"],
             n_threads=v["threads"],
             n_gpu_layers=v["gpu_layers"],
-            seed=seed,
+            seed=v["seed"],
+            same_as_plain=same_as_plain,
             top_k=v["top_k"],
             top_p=v["top_p"],
             min_p=v["min_p"],
@@ -388,13 +446,33 @@ def bench(
         )
         with bench_progress(err) as progress:
             result = run_bench(cfg, progress=progress)
-        if json_path:
-            write_json(result, json_path)
-        if csv_path:
-            write_csv(result, csv_path)
+        # The report first: whatever happens to the files, the measurements are on screen.
         render_bench(result, out)
+        failed = []
+        for path, writer in outputs:
+            try:
+                writer(result, path)
+            except OSError as e:
+                failed.append(f"cannot write {path}: {e.strerror or e}")
+        if failed:
+            raise _write_failure(failed)
         if result.interrupted:
             raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _output_path(path: Path, option: str) -> Path:
+    from specli.fileio import FileProblem, check_output_path
+
+    try:
+        return check_output_path(path, option)
+    except FileProblem as e:
+        raise UsageProblem(str(e)) from None
+
+
+def _write_failure(problems: list[str]) -> typer.Exit:
+    from specli.errors import fail
+
+    return fail("; ".join(problems) + " (the report above has the results)")
 
 
 @app.command()
@@ -416,6 +494,7 @@ def chat(
     top_p: float = TopPOpt,
     min_p: float = MinPOpt,
     seed: int | None = SeedOpt,
+    same_as_plain: bool = SameAsPlainOpt,
     ctx: int = CtxOpt,
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
@@ -431,12 +510,15 @@ def chat(
     """Chat with a local model, faster thanks to a draft; /help lists the slash commands."""
     from specli.chat import ChatOptions, run_chat
 
-    err = Console(stderr=True, highlight=False)
+    err = make_console(stderr=True)
     with friendly_errors():
         _parse_draft_max(draft_max)
         if (name is None) == (target is None):
             raise UsageProblem("give the target once: `specli chat NAME` or `specli chat --target FILE`")
+        if system is not None:
+            valid_text(system, "--system")
         plan = plan_models(context, name or target, draft, no_draft=no_draft, config=config)
+        _check_ngram(ngram, plan.draft)
         v = plan.values
         spec = _load(plan, ngram=ngram, draft_p_min=draft_p_min, verbose=verbose, err=err)
         with spec:
@@ -449,10 +531,11 @@ def chat(
                 min_p=v["min_p"],
                 draft_max=_parse_draft_max(str(v["draft_max"])),
                 seed=v["seed"],
+                same_as_plain=same_as_plain,
                 show_rejected=show_rejected,
                 history=not no_history,
             )
-            code = run_chat(spec, options, err_console=err)
+            code = run_chat(spec, options, console=make_console(), err_console=err)
     raise typer.Exit(code)
 
 
@@ -471,9 +554,9 @@ def models_list(
         return
     from specli.config import find_config, load_config, model_rows
 
-    out = Console(highlight=False)
+    out = make_console()
     if not out.is_terminal:
-        out = Console(highlight=False, width=160)  # a file or pipe: do not fold paths into columns
+        out = make_console(width=160)  # a file or pipe: do not fold paths into columns
     with friendly_errors():
         found = find_config(config)
         if found is None:
@@ -487,7 +570,7 @@ def models_list(
             return
         from specli.ui.models_table import render_models_table
 
-        out.print(render_models_table(rows, title=f"models in {found}"))
+        out.print(render_models_table(rows, title=Text(f"models in {found}")))
 
 
 @models_app.command("check")
@@ -504,7 +587,7 @@ def models_check(
     from specli.compat import check_vocab
     from specli.config import find_config, load_config
 
-    out = Console(highlight=False)
+    out = make_console()
     with friendly_errors():
         found = find_config(config)
         cfg = load_config(found) if found else None
@@ -513,18 +596,18 @@ def models_check(
         opts = llama.ModelOptions(n_ctx=64, n_threads=1)
         with llama.Model(paths[0], opts) as t, llama.Model(paths[1], opts) as d:
             report = check_vocab(t, d)
-        table = Table(title=f"{paths[0].name} ← {paths[1].name}", title_justify="left")
+        table = Table(title=Text(f"{paths[0].name} ← {paths[1].name}"), title_justify="left")
         table.add_column("")
         table.add_column("target")
         table.add_column("draft")
         for what, a, b in report.facts:
-            table.add_row(what, a, b, style=None if a == b else "yellow")
+            table.add_row(Text(what), Text(a), Text(b), style=None if a == b else "yellow")
         out.print(table)
         if report.ok:
             out.print(f"[green]compatible[/]: {report.checked_token_texts} token texts compared")
         else:
             for problem in report.problems:
-                out.print(f"[red]incompatible[/]: {problem}")
+                out.print(f"[red]incompatible[/]: {escape(problem)}")
             raise typer.Exit(1)
 
 
@@ -538,11 +621,11 @@ def demo_models(
 
     from specli.synth import DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
 
-    err = Console(stderr=True, highlight=False)
+    err = make_console(stderr=True)
     with friendly_errors():
         target, draft = directory / DEMO_TARGET_FILE, directory / DEMO_DRAFT_FILE
         if target.is_file() and draft.is_file() and not force:
-            err.print(f"demo pair already in {directory} (use --force to rebuild)")
+            err.print(Text(f"demo pair already in {directory} (use --force to rebuild)"))
             return
         directory.mkdir(parents=True, exist_ok=True)
         columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
@@ -553,8 +636,8 @@ def demo_models(
                 progress.update(task, description=stage, completed=fraction)
 
             target, draft = build_demo_pair(directory, progress=report)
-        err.print(f"wrote {target} and {draft}")
-        err.print(f'try: specli run --target {target} --draft {draft} "Once upon a time"')
+        err.print(Text(f"wrote {target} and {draft}"))
+        err.print(Text(f'try: specli run --target {target} --draft {draft} "Once upon a time"'))
 
 
 @app.command()
@@ -594,7 +677,30 @@ def demo(
 
 
 def main() -> None:
-    app()
+    """The console script: every way of exiting goes through one error format and exit code."""
+    try:
+        from typer._click import exceptions  # recent typer vendors click
+    except ImportError:  # pragma: no cover - older typer on the real click
+        from click import exceptions
+
+    if len(sys.argv) <= 1:
+        app(["--help"])  # no arguments: the help, as `no_args_is_help` would show it
+    try:
+        code = app(standalone_mode=False)
+    except typer.Exit as e:
+        code = e.exit_code
+    except typer.Abort:
+        print("specli: interrupted", file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print("specli: interrupted", file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
+    except exceptions.ClickException as e:
+        # typer/click's checks (-n 0, --temp -1, a missing option ...): one line like our own, not a box
+        message = " ".join(e.format_message().split())
+        print(f"specli: error: {message}", file=sys.stderr, flush=True)
+        code = EXIT_USAGE if isinstance(e, exceptions.UsageError) else e.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,17 @@ def check_vocab(target: Model, draft: Model) -> CompatReport:
         "BOS handling differs" if vt.add_bos != vd.add_bos or (vt.add_bos and vt.bos != vd.bos) else None,
     )
     fact("EOS", vt.eos, vd.eos, "EOS tokens differ" if vt.eos != vd.eos else None)
+    if not report.problems and vt.n_tokens > vd.n_tokens:
+        # Every token the target commits is fed to the draft model, and llama_decode rejects ids past
+        # its vocabulary (mid-run, "llama_decode failed"). Padding rows (UNUSED tokens, as converters
+        # pad e.g. Qwen's 7B vocabulary 128 beyond the 0.5B's) are tolerated, as llama.cpp does.
+        real = [t for t in range(vd.n_tokens, vt.n_tokens) if not target.token_is_unused(t)]
+        if real:
+            report.problems.append(
+                f"the target has {len(real)} token{'s' if len(real) > 1 else ''} the draft does not know "
+                f"(ids {real[0]}..{real[-1]}, e.g. {target.token_text(real[0]).decode(errors='replace')!r}); "
+                "the draft cannot read text containing them"
+            )
     if not report.problems:
         n = min(vt.n_tokens, vd.n_tokens)
         ids = _sample_ids(n)

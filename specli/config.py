@@ -29,6 +29,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from specli.fileio import regular_file_problem
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -50,6 +52,7 @@ __all__ = [
 ]
 
 CONFIG_NAME = "models.toml"
+RESERVED_DRAFT_NAME = "ngram"  # api.NGRAM; not imported, so reading a config needs no llama.cpp
 ENV_VAR = "SPECLI_CONFIG"
 
 
@@ -222,7 +225,8 @@ class Config:
         """
         text = os.fspath(name_or_path)
         candidate = Path(os.path.expandvars(os.path.expanduser(text)))
-        if candidate.is_file() or text.lower().endswith(".gguf"):
+        # model names contain no slashes, so anything with one is a path (a FIFO, /dev/zero ...)
+        if candidate.is_file() or text.lower().endswith(".gguf") or "/" in text or os.sep in text:
             path = Path(os.path.normpath(candidate.absolute()))
             entry = self._entry_for_path(path)
             if entry is None:
@@ -256,7 +260,11 @@ class Config:
         if unset:
             why = f"environment variable ${unset[0]} is not set, so {entry.path_text!r} cannot be found"
         else:
-            why = f"file not found: {entry.path}"
+            problem = regular_file_problem(entry.path)
+            if problem is None or problem == "no such file":
+                why = f"file not found: {entry.path}"
+            else:  # a FIFO, device or directory: say so, "not found" would send the user looking
+                why = f"{entry.path} {problem if problem.startswith('is ') else '(' + problem + ')'}"
         fix = f"; download it from {entry.url}" if entry.url else "; download the model or fix the path"
         return ConfigError(self.path, why + fix, line=entry.key_lines.get("path", entry.line),
                            key=f"models.{_show(entry.name)}.path")
@@ -305,10 +313,12 @@ def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     """
     for path, why in config_search_paths(explicit):
         if why in ("--config", f"${ENV_VAR}"):
-            if path.is_dir():
-                raise ConfigError(path, f"is a directory, not a config file (given by {why})")
-            if not path.is_file():
+            problem = regular_file_problem(path)
+            if problem == "no such file":
                 raise ConfigError(path, f"config file not found (given by {why})")
+            if problem is not None:
+                what = problem.replace("is a directory, not a regular file", "is a directory")
+                raise ConfigError(path, f"{what}, not a config file (given by {why})")
             return path
         if path.is_file():
             return path
@@ -417,6 +427,10 @@ class _Loader:
         if not name.strip() or name.lower().endswith(".gguf") or "/" in name or "\\" in name:
             raise self.error(where, "a model name must not be empty, end in .gguf or contain slashes "
                                     "(those are taken for file paths)")
+        if name.strip().lower() == RESERVED_DRAFT_NAME:
+            # `--draft ngram` means n-gram lookup; a model of that name could never be chosen as a draft
+            raise self.error(where, f"the name {RESERVED_DRAFT_NAME!r} is reserved for n-gram drafting "
+                                    "(--draft ngram); rename this model")
         self.unknown_keys(table, _MODEL_KEYS, where)
         for key in ("path", "draft", "description", "url"):
             if key in table and not isinstance(table[key], str):
@@ -461,6 +475,9 @@ def _show(part: str) -> str:
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Parse and check a models.toml. Model files are *not* checked for existence here."""
     path = Path(path).expanduser().absolute()
+    problem = regular_file_problem(path)
+    if problem not in (None, "no such file") and not path.is_dir():
+        raise ConfigError(path, f"{problem}, not a config file")  # reading a FIFO would block
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -556,8 +573,13 @@ def model_rows(config: Config) -> list[dict[str, Any]]:
             "context_length": None, "quantization": None, "draft": entry.draft,
             "description": entry.description, "url": entry.url, "recurrent": None,
         }
-        if not entry.path.is_file():
+        problem = regular_file_problem(entry.path)
+        if problem == "no such file":
             row["status"] = "missing"
+            rows.append(row)
+            continue
+        if problem is not None:  # never open a FIFO or device: it would block or never end
+            row.update(status="invalid", error=problem)
             rows.append(row)
             continue
         try:

@@ -10,6 +10,7 @@ cache back to `context[:-1]`. Nothing already cached is evaluated again.
 from __future__ import annotations
 
 import codecs
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,13 +22,16 @@ from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, 
 from specli.llama import Model
 from specli.policy import AutoK, CostModel, DraftPolicy, FixedK
 from specli.sampling import (
+    ACCEPT,
+    RESIDUAL,
+    Dist,
+    Noise,
+    Sampler,
     SamplingParams,
-    accept_prefix,
-    acceptance_probability,
+    distribution,
     greedy_token,
-    process_logits,
-    residual_distribution,
-    sample,
+    mask_banned,
+    proposal_acceptance,
 )
 from specli.stats import GenerationStats
 
@@ -40,6 +44,9 @@ class GenerationParams:
     stop: Sequence[str] = ()
     draft_max: int | str = "auto"  # tokens drafted per round, or "auto"
     ignore_eos: bool = False  # never sample end-of-generation tokens (benchmarks, soak tests)
+    # Verify drafts against the target's own keyed draw, so a seeded run prints exactly what plain
+    # decoding prints with that seed (see sampling.Sampler); False: the rejection rule.
+    same_as_plain: bool = True
 
     def policy(self, costs: CostModel | None = None) -> DraftPolicy:
         """The draft-length policy; auto learns with `costs` (the engine's, kept across generations)."""
@@ -48,34 +55,85 @@ class GenerationParams:
         return FixedK(int(self.draft_max))
 
 
-def speculative_step(
-    target_rows: np.ndarray, draft: Draft, sampling: SamplingParams, rng: np.random.Generator
-) -> tuple[list[int], int]:
-    """One round's decision: (tokens to commit, n accepted) from the target's k + 1 logits rows.
+@dataclass
+class Verdict:
+    """What the target made of a round: the tokens to commit (accepted drafts, then its own token),
+    how many drafts it accepted, and its processed rows as far as it needed them (None when greedy),
+    so nothing processes a row twice."""
 
-    Accept d_i while u_i < p_i(d_i) / q_i(d_i); at the first rejection sample norm(max(p - q, 0));
-    if all k are accepted sample a bonus token from p_(k+1). Greedy: accept while d_i is the argmax.
+    tokens: list[int]
+    n_accepted: int
+    dists: list[Dist | None]
+
+
+def verify(target_rows: np.ndarray, draft: Draft, sampler: Sampler, position: int) -> Verdict:
+    """One round's decision from the target's k + 1 logits rows; row i predicts sequence `position + i`.
+
+    Greedy, and sampling with `same_as_plain`: the target draws its own token at each position (argmax,
+    or the Gumbel-max draw with the position's noise, which plain decoding draws too) and accepts
+    drafts while they equal it, so the output is plain decoding's whatever was drafted.
+    Otherwise the rejection rule: accept d_i while u_i < p_i(d_i) / q_i(d_i); at the first rejection
+    draw from norm(max(p - q, 0)); after k acceptances draw a bonus token from p_(k+1).
     """
-    d = np.asarray(draft.tokens, dtype=np.int64)
-    k = d.shape[0]
-    if sampling.greedy:
-        choice = [greedy_token(row, sampling.banned) for row in target_rows]
-        matches = np.asarray(choice[:k]) == d
-        n = k if matches.all() else int(matches.argmin())
-        return draft.tokens[:n] + [choice[n]], n
-    p = np.stack([process_logits(row, sampling) for row in target_rows])  # (k + 1, vocab)
-    if k == 0:
-        return [sample(p[0], rng)], 0
-    positions = np.arange(k)
-    p_d = p[positions, d]
-    q_d = draft.probs[positions, d] if draft.probs is not None else np.ones(k, dtype=np.float32)
-    n = accept_prefix(p_d, q_d, rng.random(k))
-    if n < k:
-        q_n = draft.probs[n] if draft.probs is not None else None
-        last = sample(residual_distribution(p[n], q_n, int(d[n])), rng)
-    else:
-        last = sample(p[k], rng)
-    return draft.tokens[:n] + [last], n
+    d = draft.tokens
+    k = len(d)
+    params, noise = sampler.params, sampler.noise
+    dists: list[Dist | None] = []
+    if params.greedy or sampler.same_as_plain:
+        for i in range(k + 1):
+            if params.greedy:
+                own, p = greedy_token(target_rows[i], params.banned), None
+            else:
+                p = distribution(target_rows[i], params)
+                own = p.draw(noise, position + i)
+            dists.append(p)
+            if i == k or own != d[i]:
+                return Verdict([*d[:i], own], i, dists)
+    qs = _proposal_dists(draft)
+    for i in range(k):
+        p = distribution(target_rows[i], params)
+        dists.append(p)
+        q = qs[i] if qs is not None else None
+        q_d = q.prob(d[i]) if q is not None else 1.0
+        if not noise.uniform(position + i, ACCEPT) * q_d < p.prob(d[i]):
+            return Verdict([*d[:i], p.residual(q, d[i]).draw(noise, position + i, RESIDUAL)], i, dists)
+    p = distribution(target_rows[k], params)
+    dists.append(p)
+    return Verdict([*d, p.draw(noise, position + k)], k, dists)
+
+
+def _proposal_dists(draft: Draft) -> list[Dist] | None:
+    if draft.probs is None or not isinstance(draft.probs, np.ndarray):
+        return draft.probs
+    width = draft.probs.shape[1]  # dense rows (k, vocab), as tests build them
+    return [Dist.from_probs(None, row.astype(np.float64), width) for row in draft.probs]
+
+
+def speculative_step(
+    target_rows: np.ndarray,
+    draft: Draft,
+    sampling: SamplingParams,
+    rng: np.random.Generator | Noise,
+    position: int = 0,
+    *,
+    same_as_plain: bool = False,
+) -> tuple[list[int], int]:
+    """verify() as (tokens to commit, n accepted); a numpy Generator stands for fresh noise."""
+    noise = rng if isinstance(rng, Noise) else Noise(int(rng.integers(2**62)))
+    verdict = verify(target_rows, draft, Sampler(sampling, noise, same_as_plain), position)
+    return verdict.tokens, verdict.n_accepted
+
+
+def _acceptance(verdict: Verdict, i: int, token: int, q: Dist | None, same_as_plain: bool) -> float:
+    """How likely the target would have accepted `token` as a draft at row i, a row it reached with
+    every draft before it accepted (so verdict.tokens[i] is its own draw there). Greedy, or
+    same-as-plain with a draft model (whose `token` is the draft's own keyed draw): whether the two
+    draws agree, the rule itself. Otherwise the expectation over the draw: sum min(p, q), or p(token)
+    for a point mass (as it is under same-as-plain too)."""
+    p = verdict.dists[i]
+    if p is None or (same_as_plain and q is not None):
+        return float(token == verdict.tokens[i])
+    return proposal_acceptance(p, token, q)
 
 
 class _TextStream:
@@ -154,10 +212,11 @@ class SpeculativeEngine:
     """Generates with a target model and an optional drafter (None: plain decoding, the baseline)."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None) -> None:
-        if drafter is not None and target.is_recurrent:
+        if drafter is not None and target.max_rollback < 1:
             raise ValueError(
-                f"{target.path.name} is a recurrent/hybrid model: its cache cannot roll back a rejected "
-                "draft, so speculative decoding is not possible; run with --no-draft"
+                f"{target.path.name} is a recurrent/hybrid model ({target.architecture}) whose state "
+                "this llama.cpp cannot roll back past a rejected draft, so speculative decoding is "
+                "not possible; run with --no-draft"
             )
         self.target = target
         self.drafter = drafter
@@ -191,7 +250,8 @@ class SpeculativeEngine:
         sampling = params.sampling
         if params.ignore_eos:
             sampling = replace(sampling, banned=(*sampling.banned, *target.eog_tokens()))
-        rng = np.random.default_rng(params.seed)
+        seed = params.seed if params.seed is not None else secrets.randbelow(2**32)
+        sampler = Sampler(sampling, Noise(seed), params.same_as_plain)
         self.stats = stats = GenerationStats()
         self._stream = stream = _TextStream(target, params.stop)
         self.policy = policy = params.policy(self.costs) if drafter else FixedK(0)
@@ -208,8 +268,10 @@ class SpeculativeEngine:
         if len(context) - 1 > cached:
             target.decode(context[cached:-1], outputs="none")
         if drafter:
-            drafter.begin(context, sampling, np.random.default_rng([params.seed or 0, 1]))
-        event: Event = PromptEvent(len(context), len(context) - cached, time.perf_counter() - t0)
+            drafter.begin(context, sampler)
+        event: Event = PromptEvent(
+            len(context), len(context) - cached, time.perf_counter() - t0, seed, sampler.mode
+        )
         stats.observe(event)
         yield event
 
@@ -227,7 +289,8 @@ class SpeculativeEngine:
             source = drafter.next_source(context) if drafter else None
             k = policy.choose_k(source, round_index) if drafter else 0
             # A round emits up to k + 1 tokens: do not draft past max_tokens or the context.
-            k = max(0, min(k, params.max_tokens - n_emitted - 1, room))
+            # A recurrent/hybrid target rolls back at most max_rollback positions (k when all rejected).
+            k = max(0, min(k, params.max_tokens - n_emitted - 1, room, target.max_rollback))
             # A shadow: at k = 0 the drafter may still look at the next position without the target
             # verifying anything there (it decodes only the pending token). How likely that proposal
             # was to be accepted tells the policy whether drafting pays again, for one draft step.
@@ -243,12 +306,13 @@ class SpeculativeEngine:
             t_drafted = time.perf_counter()
             rows = target.decode([context[-1], *draft.tokens], outputs="all")
             t_verified = time.perf_counter()
+            mask_banned(rows, sampling.banned)
+            verdict = verify(rows, draft, sampler, len(context))
+            new_tokens, n_accepted = verdict.tokens, verdict.n_accepted
             if proposal is not None:
                 q = proposal.probs[0] if proposal.probs is not None else None
-                accepted_p = acceptance_probability(rows[0], proposal.tokens[0], q, sampling)
+                accepted_p = _acceptance(verdict, 0, proposal.tokens[0], q, sampler.same_as_plain)
                 policy.observe_shadow(source, accepted_p, t_drafted - t_start)
-
-            new_tokens, n_accepted = speculative_step(rows, draft, sampling, rng)
             target.truncate(len(context) + n_accepted)  # keep through d_n: cache = new context[:-1]
             context.extend(new_tokens)
             if drafter:
@@ -270,7 +334,7 @@ class SpeculativeEngine:
             if held is not None and n_accepted == k_drafted and source is not None:
                 # The target's row at the position the gate stopped at is here anyway (the bonus row,
                 # or the only row of a plain round): score what the draft would have proposed.
-                accepted_p = acceptance_probability(rows[k_drafted], held.token, held.probs, sampling)
+                accepted_p = _acceptance(verdict, k_drafted, held.token, held.probs, sampler.same_as_plain)
                 policy.observe_held(source, k_drafted, held.confidence, accepted_p)
 
             # Emit: accepted drafts, then the target's own token; stop at EOG or max_tokens.

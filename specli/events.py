@@ -53,6 +53,8 @@ class PromptEvent:
     n_prompt: int  # prompt tokens
     n_evaluated: int  # of those, evaluated now (the rest were already cached)
     seconds: float
+    seed: int | None = None  # the seed of the keyed noise (chosen at random when none was given)
+    sampling_mode: str = ""  # "greedy" | "same-as-plain" | "rejection"
 
 
 @dataclass(slots=True)

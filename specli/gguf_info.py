@@ -23,11 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specli.fileio import regular_file_problem
+
 __all__ = [
     "DIFFUSION_ARCHITECTURES",
     "HYBRID_ARCHITECTURES",
     "LLAMA_CPP_VERSION",
     "RECURRENT_ARCHITECTURES",
+    "ROLLBACK_ARCHITECTURES",
     "SUPPORTED_ARCHITECTURES",
     "ArrayInfo",
     "GGUFError",
@@ -81,6 +84,13 @@ HYBRID_ARCHITECTURES: frozenset[str] = frozenset({
     "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
     "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe",
     "qwen4exp", "deepseek4", "minimax-01",
+})
+
+# src/llama-arch.cpp, llm_arch_supports_rs_rollback(): the recurrent state keeps n_rs_seq snapshots, so a
+# rejected draft suffix can be rolled back (bounded): these can be speculative targets.
+ROLLBACK_ARCHITECTURES: frozenset[str] = frozenset({
+    "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h",
+    "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3",
 })
 
 # src/llama-arch.cpp, llm_arch_is_diffusion(): not autoregressive, nothing to speculate on.
@@ -153,6 +163,9 @@ _STRING, _ARRAY = 8, 9
 # in full, and decoding merges/scores/token types of a 150k vocabulary would cost time and memory.
 _MAX_DECODED_ARRAY = 4096
 _TOKENS_KEY = "tokenizer.ggml.tokens"
+_TOKEN_TYPE_KEY = "tokenizer.ggml.token_type"
+_TOKEN_TYPE_BYTE = 6  # include/llama.h LLAMA_TOKEN_TYPE_BYTE
+_BYTE_TOKEN_RE = re.compile(rb"<0x[0-9A-Fa-f]{2}>")
 
 _REDOWNLOAD = "re-download it (the download was probably interrupted)"
 _BLK_RE = re.compile(r"^blk\.(\d+)\.")
@@ -234,6 +247,9 @@ class GGUFInfo:
     metadata_types: dict[str, str] = field(repr=False, default_factory=dict)
     tensors: list[TensorInfo] = field(repr=False, default_factory=list)
     duplicate_tokens: list[tuple[int, int]] = field(repr=False, default_factory=list)  # (id, first id)
+    # what llama.cpp's vocabulary looks up by text (see _byte_token_facts)
+    missing_byte_tokens: list[int] = field(repr=False, default_factory=list)  # byte values without a token
+    bad_byte_token: tuple[int, str] | None = field(repr=False, default=None)  # (id, why)
     # split models (gguf-split: NAME-00001-of-00003.gguf): llama.cpp is given the first part and
     # opens the others itself, so we read their tensor tables too
     split_count: int = 1
@@ -265,7 +281,7 @@ class GGUFInfo:
         if self.is_diffusion:
             return (f"{self.path.name}: '{arch}' is a diffusion model, not an autoregressive one; "
                     "speculative decoding needs a left-to-right model")
-        if self.is_recurrent:
+        if self.is_recurrent and arch not in ROLLBACK_ARCHITECTURES:
             kind = "hybrid attention/recurrent" if self.is_hybrid else "recurrent"
             return (f"{self.path.name}: '{arch}' is a {kind} architecture; speculative decoding needs a "
                     "KV cache that can be truncated after rejected draft tokens, so pick a transformer "
@@ -397,7 +413,8 @@ def _read_value(cur: _Cursor, key: str, vtype: int) -> tuple[Any, str]:
             return [s.decode("utf-8", errors="replace") for s in cur.string_array(count, keep=True)], tdesc
         fmt = _VALUE_TYPES[etype][1]
         width = struct.calcsize(fmt)
-        if count > _MAX_DECODED_ARRAY:
+        # token types are needed in full: llama.cpp decodes BYTE-typed tokens by their text
+        if count > _MAX_DECODED_ARRAY and key != _TOKEN_TYPE_KEY:
             cur._need(count * width)
             cur.pos += count * width
             return ArrayInfo(_type_name(etype), count), tdesc
@@ -452,6 +469,10 @@ def _open_buffer(path: Path) -> tuple[Any, Any, int]:
         raise GGUFError(path, "is a directory, not a .gguf file", "pass the path of the .gguf file inside it")
     if not path.exists():
         raise GGUFError(path, "broken symbolic link", "point it at an existing .gguf file")
+    not_regular = regular_file_problem(path)
+    if not_regular is not None:
+        # a FIFO would block open() forever; a device (/dev/zero) is endless: neither is a model file
+        raise GGUFError(path, not_regular, "pass the path of a .gguf model file")
     try:
         f = open(path, "rb")  # closed by read_gguf_info
         size = os.fstat(f.fileno()).st_size
@@ -633,8 +654,16 @@ def _build_info(path: Path, size: int, version: int, md: dict[str, Any], types: 
                 first = seen.setdefault(key, i)
                 if first != i and len(duplicates) < 5:
                     duplicates.append((i, first))
+        missing_bytes, byte_typed = _byte_token_facts(
+            tokens, md.get(_TOKEN_TYPE_KEY), _str(md.get("tokenizer.ggml.model"))
+        )
         # keep the metadata dict light; callers that need the tokens read them themselves
         md[_TOKENS_KEY] = ArrayInfo("string", len(tokens))
+    else:
+        missing_bytes, byte_typed = [], None
+    token_types = md.get(_TOKEN_TYPE_KEY)
+    if isinstance(token_types, list) and len(token_types) > _MAX_DECODED_ARRAY:
+        md[_TOKEN_TYPE_KEY] = ArrayInfo(types.get(_TOKEN_TYPE_KEY, "array")[6:-1], len(token_types))
 
     file_type = _scalar_int(md.get("general.file_type"))
     quantization = _FILE_TYPES.get(file_type) if file_type is not None else None
@@ -682,6 +711,8 @@ def _build_info(path: Path, size: int, version: int, md: dict[str, Any], types: 
         metadata_types=types,
         tensors=tensors,
         duplicate_tokens=duplicates,
+        missing_byte_tokens=missing_bytes,
+        bad_byte_token=byte_typed,
     )
 
 
@@ -908,6 +939,7 @@ def _tokenizer_problems(info: GGUFInfo) -> list[_Problem]:
         arr = md.get(arr_key)
         if isinstance(arr, (list, ArrayInfo)) and len(arr) < n_vocab:
             out.append((f"{arr_key} has {len(arr)} entries for {n_vocab} tokens", _RECONVERT))
+    out += _byte_token_problems(info)
     # a tokenizer told to add BOS/EOS without a usable id trips a GGML_ASSERT while tokenizing
     default_bos, default_eos = {"llama": (1, 2), "bert": (101, None)}.get(model or "", (None, None))
     for flag, id_key, default, label in (
@@ -922,6 +954,50 @@ def _tokenizer_problems(info: GGUFInfo) -> list[_Problem]:
         if tok_id is None:
             out.append((f"{flag} is true but {id_key} ({md.get(id_key)!r}) is missing or outside the "
                         f"{n_vocab}-token vocabulary, so llama.cpp would abort adding {label}", _RECONVERT))
+    return out
+
+
+def _byte_token_facts(tokens: list[bytes], types: Any,
+                      model: str | None) -> tuple[list[int], tuple[int, str] | None]:
+    """What llama.cpp's vocabulary (src/llama-vocab.cpp) looks up by text and would abort on:
+
+    - An SPM tokenizer ("llama") spells every piece it has no token for as bytes: byte_to_token()
+      looks up "<0xNN>", then the bare byte, with unordered_map::at, whose std::out_of_range kills
+      the process from inside llama_tokenize. Returns the byte values with neither token.
+    - token_to_piece() reads a BYTE-typed token's value from its text ("<0xNN>"[3:5]); a WPM
+      tokenizer aborts on any BYTE token. Returns the first such token that would fail, and why.
+    """
+    missing: list[int] = []
+    if model == "llama":
+        known = set(tokens)
+        missing = [b for b in range(256) if f"<0x{b:02X}>".encode() not in known and bytes([b]) not in known]
+    bad = None
+    if isinstance(types, list):
+        for i, (text, kind) in enumerate(zip(tokens, types, strict=False)):
+            if kind != _TOKEN_TYPE_BYTE:
+                continue
+            if model == "bert":
+                bad = (i, "is typed BYTE, which llama.cpp's WPM tokenizer aborts on")
+                break
+            if not _BYTE_TOKEN_RE.fullmatch(text):
+                shown = text[:20].decode("utf-8", errors="replace")
+                bad = (i, f"is typed BYTE but its text {shown!r} is not of the form <0xNN>, "
+                          "which llama.cpp reads the byte from")
+                break
+    return missing, bad
+
+
+def _byte_token_problems(info: GGUFInfo) -> list[_Problem]:
+    out: list[_Problem] = []
+    missing = info.missing_byte_tokens
+    if missing:
+        shown = ", ".join(f"<0x{b:02X}>" for b in missing[:3]) + (", ..." if len(missing) > 3 else "")
+        out.append((f"the SPM vocabulary lacks byte tokens for {len(missing)} of the 256 byte values "
+                    f"({shown}); llama.cpp aborts when a text needs them",
+                    f"the vocabulary is damaged or incomplete; {_RECONVERT}"))
+    if info.bad_byte_token is not None:
+        i, why = info.bad_byte_token
+        out.append((f"token {i} {why}", _RECONVERT))
     return out
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import llama_cpp as llc
 import numpy as np
 
+from specli.fileio import regular_file_problem
+
 
 class LlamaError(RuntimeError):
     """A llama.cpp call failed; the message is meant for the user."""
@@ -26,6 +28,10 @@ class LlamaError(RuntimeError):
 
 class ContextFullError(LlamaError):
     """The KV cache has no room for the batch."""
+
+
+class RollbackError(LlamaError):
+    """A recurrent/hybrid model cannot return its state to an earlier position (beyond its bound)."""
 
 
 # -- logging -------------------------------------------------------------------------------------------
@@ -71,6 +77,31 @@ def default_threads() -> int:
     return n if n <= 4 else max(4, n // 2)
 
 
+_ATTR_UNUSED = 1 << 1  # include/llama.h, enum llama_token_attr
+# llama_context pads n_ctx up to a multiple of 256 (src/llama-context.cpp) and holds it in a uint32.
+CONTEXT_PADDING = 256
+MAX_CONTEXT = 2**32 - CONTEXT_PADDING
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a new allocation can get without swapping (Linux MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _int_or(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
+
+
 # -- the model -----------------------------------------------------------------------------------------
 
 
@@ -80,6 +111,9 @@ class ModelOptions:
     n_threads: int = 0  # 0: default_threads()
     n_gpu_layers: int = 0
     n_batch: int = 512
+    # Recurrent/hybrid models: positions the context can roll back (llama.cpp's n_rs_seq state
+    # snapshots, where the architecture supports them). The engine never drafts more than this.
+    max_rollback: int = 16
 
 
 @dataclass(frozen=True)
@@ -103,6 +137,14 @@ class Model:
         self._ctx = None
         self._batch = None
 
+        if not 0 <= opts.n_ctx <= MAX_CONTEXT:
+            raise LlamaError(
+                f"a context of {opts.n_ctx} tokens is impossible: llama.cpp takes 1 to {MAX_CONTEXT}"
+            )
+        not_regular = regular_file_problem(self.path)
+        if not_regular is not None:
+            # llama.cpp would block forever on a FIFO and read a device until memory runs out
+            raise LlamaError(f"{self.path}: {not_regular}; pass the path of a .gguf model file")
         mparams = llc.llama_model_default_params()
         mparams.n_gpu_layers = opts.n_gpu_layers
         self._model = llc.llama_model_load_from_file(str(self.path).encode(), mparams)
@@ -115,7 +157,17 @@ class Model:
         threads = opts.n_threads or default_threads()
         n_ctx_train = llc.llama_model_n_ctx_train(self._model)
         n_ctx = opts.n_ctx if opts.n_ctx > 0 else n_ctx_train
+        self.requested_n_ctx = n_ctx
+        try:
+            self._check_kv_memory(n_ctx)
+        except LlamaError:
+            self.close()
+            raise
         self.n_batch = max(16, min(opts.n_batch, n_ctx))
+        recurrent = bool(llc.llama_model_is_recurrent(self._model) or llc.llama_model_is_hybrid(self._model))
+        if recurrent:
+            # Snapshots are taken within one ubatch: a verify batch (k + 1 tokens) must fit in one.
+            self.n_batch = max(self.n_batch, opts.max_rollback + 1)
         cparams = llc.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = self.n_batch
@@ -125,8 +177,12 @@ class Model:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        if recurrent:
+            # llama.cpp clamps this to 0 for architectures without bounded rollback (read back below).
+            cparams.n_rs_seq = max(0, opts.max_rollback)
         self._ctx = llc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
+            self.close()
             raise LlamaError(f"{self.path}: llama.cpp could not create a context of {n_ctx} tokens")
         self._mem = llc.llama_get_memory(self._ctx)
         self.n_ctx = llc.llama_n_ctx(self._ctx)
@@ -141,6 +197,42 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog: tuple[int, ...] | None = None
         self.decode_seconds = 0.0  # wall time inside llama_decode, for the overhead figure
+        self._recurrent = recurrent
+        self.rs_seq = int(llc.llama_n_rs_seq(self._ctx)) if recurrent else 0
+        # Positions truncate() may drop through the state snapshots right now: llama.cpp writes them
+        # per decode (slot s = the state s tokens before the end of the last ubatch) and a rollback
+        # is single-use until the next decode, so this is min(rs_seq, last batch - 1), else 0.
+        self._rollback_room = 0
+        self._checkpoint: tuple[int, ctypes.Array[ctypes.c_uint8]] | None = None  # (position, state)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes per context position (F16 keys and values, every layer), from the model's
+        shape: n_layer * 2 * n_head_kv * head size * 2 bytes."""
+        n_layer = llc.llama_model_n_layer(self._model)
+        n_embd = llc.llama_model_n_embd(self._model)
+        n_head = max(1, llc.llama_model_n_head(self._model))
+        n_head_kv = llc.llama_model_n_head_kv(self._model)
+        arch = self.meta("general.architecture") or ""
+        head_k = _int_or(self.meta(f"{arch}.attention.key_length"), n_embd // n_head)
+        head_v = _int_or(self.meta(f"{arch}.attention.value_length"), n_embd // n_head)
+        return n_layer * n_head_kv * (head_k + head_v) * 2
+
+    def _check_kv_memory(self, n_ctx: int) -> None:
+        """Refuse a context whose KV cache cannot fit in memory, before llama.cpp allocates it (it
+        would take gigabytes, then fail or get the process killed)."""
+        available = available_memory()
+        if available is None:
+            return
+        padded = -(-n_ctx // CONTEXT_PADDING) * CONTEXT_PADDING
+        need = padded * self.kv_bytes_per_token()
+        if need > available:
+            gib = 2**30
+            fits = max(0, available // max(1, self.kv_bytes_per_token()) // CONTEXT_PADDING * CONTEXT_PADDING)
+            raise LlamaError(
+                f"{self.path.name}: a context of {n_ctx} tokens needs {need / gib:.1f} GiB for its KV cache, "
+                f"but only {available / gib:.1f} GiB of memory is available; lower --ctx "
+                f"(at most about {fits} here)"
+            )
 
     # -- facts ---------------------------------------------------------------------------------------
 
@@ -150,8 +242,28 @@ class Model:
 
     @property
     def is_recurrent(self) -> bool:
-        """Recurrent/hybrid models cannot drop a partial suffix of their state."""
-        return bool(llc.llama_model_is_recurrent(self._model) or llc.llama_model_is_hybrid(self._model))
+        """Recurrent/hybrid models cannot drop a partial suffix of their state freely (see max_rollback)."""
+        return self._recurrent
+
+    @property
+    def architecture(self) -> str:
+        return self.meta("general.architecture") or "unknown"
+
+    @property
+    def max_rollback(self) -> int:
+        """The deepest rollback a verify round may need: a transformer's cache drops any suffix; a
+        recurrent/hybrid model's state goes back at most rs_seq positions (0: not at all)."""
+        return self.rs_seq if self._recurrent else self.n_ctx
+
+    @property
+    def snapshot_room(self) -> int:
+        """Positions truncate() can drop through state snapshots right now (recurrent models)."""
+        return self._rollback_room
+
+    @property
+    def n_layer_nextn(self) -> int:
+        """Multi-token-prediction (MTP / NextN) layers shipped in the GGUF (0: none)."""
+        return int(llc.llama_model_n_layer_nextn(self._model))
 
     def vocab_info(self) -> VocabInfo:
         v = self._vocab
@@ -167,6 +279,10 @@ class Model:
     def token_text(self, token: int) -> bytes:
         """The vocabulary's raw text for a token (as stored in the GGUF), for vocabulary comparison."""
         return llc.llama_vocab_get_text(self._vocab, token) or b""
+
+    def token_is_unused(self, token: int) -> bool:
+        """A padding/unused vocabulary slot (LLAMA_TOKEN_ATTR_UNUSED)."""
+        return bool(int(llc.llama_vocab_get_attr(self._vocab, token)) & _ATTR_UNUSED)
 
     def is_eog(self, token: int) -> bool:
         return bool(llc.llama_vocab_is_eog(self._vocab, token))
@@ -241,6 +357,10 @@ class Model:
             raise ContextFullError(
                 f"context full: {self.n_past} + {n} tokens exceed the context of {self.n_ctx} (raise --ctx)"
             )
+        if self._recurrent and self._checkpoint is None and self.n_past > 0:
+            # Once per prompt: a later rollback beyond the snapshots (a new prompt sharing a prefix,
+            # a timing loop) restores this state instead of evaluating everything again.
+            self.checkpoint()
         rows = 0
         for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]
@@ -269,12 +389,18 @@ class Model:
             self.decode_seconds += time.perf_counter() - t0
             if rc != 0:
                 # Failed decodes may leave partial ubatches in memory: drop everything past what we hold.
-                llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+                # A recurrent state cannot be cut back that way: start from empty instead.
+                if self._recurrent:
+                    self.reset()
+                else:
+                    llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
                 if rc == 1:
                     raise ContextFullError(f"context full: no KV slot for {m} tokens at position {pos0}")
                 raise LlamaError(f"llama_decode failed with code {rc}")
             self.tokens.extend(chunk)
+            self._rollback_room = min(self.rs_seq, m - 1)
         except BaseException:
+            self._rollback_room = 0
             self._resync(chunk, pos0)
             raise
         return m if want_all else (1 if outputs == "last" else 0)
@@ -287,10 +413,21 @@ class Model:
             del self.tokens[held:]
         elif held > len(self.tokens):
             self.tokens.extend(chunk[len(self.tokens) - pos0 : held - pos0])
+        self._rollback_room = 0
+        if self._checkpoint is not None and held < self._checkpoint[0]:
+            self._checkpoint = None
 
     def truncate(self, n_keep: int) -> None:
-        """Drop cache positions n_keep.. (a rejected draft suffix). Nothing kept is re-evaluated."""
+        """Drop cache positions n_keep.. (a rejected draft suffix). Nothing kept is re-evaluated,
+        except on a recurrent model going back to its checkpoint (see checkpoint()).
+
+        Raises RollbackError when a recurrent/hybrid model cannot go back that far; the cache is
+        then unchanged.
+        """
         if n_keep >= self.n_past:
+            return
+        if self._recurrent:
+            self._truncate_recurrent(max(n_keep, 0))
             return
         try:
             if not llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
@@ -300,7 +437,78 @@ class Model:
             self._resync((), self.n_past)
             raise
 
+    def can_truncate(self, n_keep: int) -> bool:
+        """Whether truncate(n_keep) can go back there now."""
+        if not self._recurrent or n_keep >= self.n_past:
+            return True
+        if n_keep == 0 or self.n_past - n_keep <= self._rollback_room:
+            return True
+        return self._checkpoint is not None and self._checkpoint[0] <= n_keep
+
+    def _truncate_recurrent(self, n_keep: int) -> None:
+        depth = self.n_past - n_keep
+        if n_keep == 0:
+            self.reset()
+        elif depth <= self._rollback_room:
+            # Single-use: a second rollback before the next decode would read a stale snapshot.
+            self._rollback_room = 0
+            try:
+                ok = llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+            except BaseException:
+                self._resync((), self.n_past)
+                raise
+            if not ok:
+                # llama.cpp refused the snapshot rollback: never go on with a state we cannot name.
+                self.reset()
+                raise RollbackError(f"{self.path.name}: llama.cpp refused to roll back {depth} positions")
+            del self.tokens[n_keep:]
+            if self._checkpoint is not None and n_keep < self._checkpoint[0]:
+                self._checkpoint = None  # the tokens before it may change from here on
+        elif self._checkpoint is not None and self._checkpoint[0] <= n_keep:
+            self._restore_checkpoint(n_keep)
+        else:
+            raise RollbackError(
+                f"{self.path.name}: a {self.architecture} model's recurrent state can go back "
+                f"{self._rollback_room} positions here (snapshots: {self.rs_seq}), not {depth}"
+            )
+
+    def checkpoint(self) -> None:
+        """Save a recurrent/hybrid model's recurrent state at the current position, so truncate()
+        can return to any position from here on (restore, then re-evaluate what is kept past it).
+        A no-op for other models. For draft models, whose tokens are decoded one at a time: the
+        state snapshots only reach back into the last batch."""
+        if not self._recurrent:
+            return
+        self._checkpoint = None
+        flags = llc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part; the KV part truncates
+        size = llc.llama_state_seq_get_size_ext(self._ctx, 0, flags)
+        buf = (ctypes.c_uint8 * size)()
+        if llc.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags) != size:
+            raise LlamaError(f"{self.path.name}: could not save the recurrent state")
+        self._checkpoint = (self.n_past, buf)
+
+    def _restore_checkpoint(self, n_keep: int) -> None:
+        assert self._checkpoint is not None
+        pos, buf = self._checkpoint
+        replay = self.tokens[pos:n_keep]
+        flags = llc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        try:
+            if llc.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), 0, flags) != len(buf):
+                raise LlamaError(f"{self.path.name}: could not restore the recurrent state")
+            # The recurrent part is at pos now; drop the attention layers' cells past it too.
+            llc.llama_memory_seq_rm(self._mem, 0, pos, -1)
+            self._rollback_room = 0
+            del self.tokens[pos:]
+            if replay:
+                self.decode(replay, outputs="none")
+        except BaseException:
+            # Interrupted between the calls, the two parts may disagree: start from empty.
+            self.reset()
+            raise
+
     def reset(self) -> None:
+        self._rollback_room = 0
+        self._checkpoint = None
         try:
             llc.llama_memory_clear(self._mem, True)
             self.tokens.clear()
@@ -319,6 +527,8 @@ class Model:
         i = 0
         while i < limit and cached[i] == context[i]:
             i += 1
+        if not self.can_truncate(i):
+            i = 0  # a recurrent state that cannot go back that far: evaluate everything again
         self.truncate(i)
         return i
 

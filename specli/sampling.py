@@ -1,22 +1,33 @@
-"""Logits -> processed distribution, sampling, and the exact accept/reject rule of speculative sampling.
+"""Logits -> processed distribution, keyed random draws, and the exact accept/reject rule.
 
 The filters follow llama.cpp's default sampler order (top-k, top-p, min-p on the untempered
 distribution, then temperature), so `specli --no-draft` samples what `llama-cli` would. The same
-`process_logits` is applied to draft rows and target rows: exactness only needs the target's rows to
-be processed exactly as plain decoding would process them, and any proposal distribution q works.
+processing is applied to draft rows and target rows: exactness only needs the target's rows to be
+processed exactly as plain decoding would process them, and any proposal distribution q works.
 
-Everything is vectorized numpy: no Python loop over the vocabulary, one softmax per row, and sorting
-only the few candidates that can matter.
+Work per row is kept off the vocabulary: one pass computes the maxima of 256-id blocks, and
+everything after that (top-k, min-p, the top-p candidates, Gumbel-max draws) touches only the few
+blocks that can matter. A processed distribution (`Dist`) holds just its support.
+
+Randomness is keyed, not streamed: every random number is a hash of (seed, position, purpose, token
+id) (`Noise`), so what a position draws never depends on what was drawn before, how many tokens a
+round drafted, or how long anything took. Tokens are drawn by the Gumbel-max trick, argmax(log p +
+g): with the same noise at a position, a draft that draws from q and the target that draws from p
+agree exactly when the draft guessed the target's own draw (drafter-invariant speculative sampling,
+Daliri, Musco & Suresh 2024), which is what `--same-as-plain` verifies.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-# Candidates examined before falling back to a full sort for top-p; enough for almost every row.
-_TOP_P_CANDIDATES = 256
+# Ids are grouped in fixed blocks of this many: a block's maximum logit bounds all of its ids.
+BLOCK = 256
+_LOG_BLOCK = math.log(BLOCK)
 
 
 class SamplingError(ValueError):
@@ -46,108 +57,413 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def _check_finite(logits: np.ndarray) -> None:
-    # One reduction instead of isfinite over the row: max/min are NaN or inf exactly when needed.
-    lo, hi = float(logits.min()), float(logits.max())
-    if not (np.isfinite(lo) or lo == -np.inf) or not np.isfinite(hi):
-        raise SamplingError("the model produced NaN or infinite logits; refusing to sample from them")
+# -- keyed noise ---------------------------------------------------------------------------------------
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
-def _without_banned(logits: np.ndarray, banned: tuple[int, ...]) -> np.ndarray:
-    if not banned:
-        return logits
-    row = logits.copy()
-    row[[t for t in banned if t < row.shape[0]]] = -np.inf
-    return row
+def _mix_int(x: int) -> int:
+    """splitmix64's finalizer on a Python int: every output bit depends on every input bit."""
+    x &= _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
 
 
-def greedy_token(logits: np.ndarray, banned: tuple[int, ...] = ()) -> int:
-    """argmax of one row (ties go to the lowest id, as llama.cpp's greedy sampler)."""
-    logits = _without_banned(logits, banned)
-    _check_finite(logits)
-    return int(np.argmax(logits))
+def _mix(x: np.ndarray) -> np.ndarray:
+    """The same finalizer over a uint64 array (array arithmetic wraps silently, as intended)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
-def _top_candidates(logits: np.ndarray, width: int) -> np.ndarray:
-    """The `width` largest logits' ids, best first; ties broken towards the lowest id (deterministic,
-    and the greedy token always among them)."""
-    n = logits.shape[0]
-    if width >= n:
-        cand = np.arange(n)
+def _unit(bits: np.ndarray) -> np.ndarray:
+    """Uniforms in the open interval (0, 1) from 53 of the bits."""
+    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+
+
+# What a random number is for: independent families, so no draw is ever reused for another purpose.
+CHOICE = 0  # the target's own draw at a position (plain, bonus; the draft's too with --same-as-plain)
+RESIDUAL = 1  # the draw after a rejection, from norm(max(p - q, 0))
+DRAFT = 2  # the draft's draw in rejection-sampling mode (salted by the attempt)
+ACCEPT = 3  # the uniform of the accept/reject test
+
+
+class Noise:
+    """Random numbers keyed by (seed, position, family, salt, token id): counter-based, so the same
+    key gives the same number in every run whatever else was drawn (a hash, not a stream).
+
+    Draws over a filtered support (top-k, top-p, min-p: a few dozen ids) hash each id. Draws over
+    the whole vocabulary use noise built top-down by blocks of `BLOCK` ids (the block's maximum,
+    which of its ids holds it, the others truncated below it; exactly i.i.d. Gumbel(0) per id), so
+    they need the noise of the few blocks whose logits can win, not of every id. A distribution's
+    support kind depends only on the settings, so the target and the draft, and plain and
+    speculative decoding, always draw with the same kind.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self._key = _mix_int(self.seed ^ _GOLDEN)
+
+    def _base(self, position: int, stream: int, salt: int) -> int:
+        h = _mix_int(self._key ^ (position * _GOLDEN))
+        h = _mix_int(h ^ ((stream << 48) + 1))
+        return _mix_int(h ^ (salt * 0xD6E8FEB86659FD93))
+
+    def _bits(self, position: int, stream: int, salt: int, ids: np.ndarray) -> np.ndarray:
+        base = np.uint64(self._base(position, stream, salt))
+        return _mix(ids.astype(np.uint64) * np.uint64(_GOLDEN) + base)
+
+    def uniform(self, position: int, family: int, salt: int = 0) -> float:
+        return float(_unit(self._bits(position, family * 4, salt, np.zeros(1, dtype=np.int64)))[0])
+
+    def block_gumbel(self, position: int, blocks: np.ndarray, family: int, salt: int = 0) -> np.ndarray:
+        """Each block's largest per-id Gumbel: Gumbel(log BLOCK)."""
+        u = _unit(self._bits(position, family * 4 + 1, salt, blocks))
+        return _LOG_BLOCK - np.log(-np.log(u))
+
+    def gumbel(self, position: int, ids: np.ndarray, family: int, salt: int = 0) -> np.ndarray:
+        """Gumbel(0) noise of each id (float64): one hash per id, for draws over a small support."""
+        return -np.log(-np.log(_unit(self._bits(position, family * 4, salt, ids))))
+
+    def gumbel_blocked(self, position: int, ids: np.ndarray, family: int, salt: int = 0) -> np.ndarray:
+        """Another Gumbel(0) noise per id, built top-down by blocks (see the class docstring), for
+        draws over the whole vocabulary; the same whichever ids are asked for together."""
+        n = ids.shape[0]
+        blocks = ids // BLOCK
+        # One hash pass over three keys per id: its own draw, its block's maximum, the block's holder.
+        keys = np.concatenate([ids, blocks, blocks]).astype(np.uint64) * np.uint64(_GOLDEN)
+        keys[:n] += np.uint64(self._base(position, family * 4 + 3, salt))
+        keys[n : 2 * n] += np.uint64(self._base(position, family * 4 + 1, salt))
+        keys[2 * n :] += np.uint64(self._base(position, family * 4 + 2, salt))
+        bits = _mix(keys)
+        g = -np.log(-np.log(_unit(bits[: 2 * n])))
+        own, top = g[:n], g[n:] + _LOG_BLOCK
+        # Truncated below the block's maximum: -log(e^-top + e^-own) is Gumbel conditioned <= top.
+        out = -np.log(np.exp(-top) + np.exp(-own))
+        is_holder = (ids % BLOCK).astype(np.uint64) == bits[2 * n :] % np.uint64(BLOCK)
+        out[is_holder] = top[is_holder]
+        return out
+
+
+# -- processed distributions ---------------------------------------------------------------------------
+
+
+def _block_max(row: np.ndarray) -> np.ndarray:
+    """The maximum of each block of BLOCK consecutive ids (the blocks the noise is built on)."""
+    n = row.shape[0]
+    full = n - n % BLOCK
+    bm = row[:full].reshape(-1, BLOCK).max(axis=1)
+    if full < n:
+        bm = np.append(bm, row[full:].max())
+    return bm
+
+
+class _Groups:
+    """The row's ids in strided groups (group c: c, c + stride, c + 2·stride, …) and each group's
+    maximum. One pass over the row computes all maxima (an elementwise max of `rows` contiguous
+    slices, which vectorizes far better than per-block reductions); a search then touches only the
+    groups whose maximum can matter."""
+
+    _ROWS = 32
+
+    def __init__(self, row: np.ndarray) -> None:
+        n = row.shape[0]
+        self.rows = self._ROWS if n >= self._ROWS * 64 else 1
+        self.stride = n // self.rows
+        main = self.rows * self.stride
+        gm = row[:main].reshape(self.rows, self.stride).max(axis=0)
+        # The few ids past the last full row are groups of their own.
+        self.max = np.concatenate([gm, row[main:]]) if main < n else gm
+
+    def ids(self, groups: np.ndarray) -> np.ndarray:
+        inner = groups[groups < self.stride]
+        ids = (inner[:, None] + np.arange(self.rows) * self.stride).ravel()
+        if inner.shape[0] < groups.shape[0]:
+            ids = np.concatenate([ids, self.rows * self.stride + groups[groups >= self.stride] - self.stride])
+        return ids
+
+
+def _sorted_desc(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """ids by logit, best first; ties to the lowest id (deterministic, as llama.cpp's sort)."""
+    return ids[np.lexsort((ids, -row[ids]))]
+
+
+# How far below the maximum the group search starts (learned across rows: it decides only how many
+# groups are looked at, never the result).
+_search_depth = [6.0]
+
+
+def _top_ids(row: np.ndarray, groups: _Groups, width: int) -> np.ndarray:
+    """The `width` largest logits' ids, best first.
+
+    If at least `width` groups have a maximum >= t, the width-th largest value is >= t too (each of
+    those maxima is a value), so every id that can be among the top lies in a group whose maximum
+    reaches t: only those groups are gathered. t is found on the group maxima alone, one nat at a time.
+    """
+    n = row.shape[0]
+    gm = groups.max
+    if width >= gm.shape[0] or width * groups.rows * 4 >= n:
+        ids = np.arange(n)
     else:
-        threshold = logits[np.argpartition(logits, n - width)[n - width]]
-        above = np.flatnonzero(logits > threshold)
-        ties = np.flatnonzero(logits == threshold)[: width - above.shape[0]]
-        cand = np.concatenate([above, ties])
-    return cand[np.lexsort((cand, -logits[cand]))]
+        m = float(gm.max())
+        depth = _search_depth[0]
+        while np.count_nonzero(gm >= m - depth) < width:
+            depth += 1.0
+        while depth > 1.0 and np.count_nonzero(gm >= m - depth + 1.0) >= width:
+            depth -= 1.0
+        _search_depth[0] = depth
+        ids = groups.ids(np.flatnonzero(gm >= m - depth))
+    if width < ids.shape[0]:
+        vals = row[ids]
+        threshold = vals[np.argpartition(vals, ids.shape[0] - width)[ids.shape[0] - width]]
+        above = ids[vals > threshold]
+        ties = np.sort(ids[vals == threshold])[: width - above.shape[0]]  # lowest ids win ties
+        ids = np.concatenate([above, ties])
+    return _sorted_desc(row, ids)
 
 
-def _kept_candidates(logits: np.ndarray, params: SamplingParams) -> np.ndarray | None:
-    """Token ids surviving top-k/top-p/min-p, or None when no filter is active (keep all)."""
-    n = logits.shape[0]
+def _at_least(row: np.ndarray, groups: _Groups, floor: float) -> np.ndarray:
+    """Ids whose logit is >= floor, best first, searching only the groups that reach it."""
+    ids = groups.ids(np.flatnonzero(groups.max >= floor))
+    return _sorted_desc(row, ids[row[ids] >= floor])
+
+
+def _support(row: np.ndarray, groups: _Groups, m: float, params: SamplingParams) -> np.ndarray | None:
+    """Token ids surviving top-k/top-p/min-p, best first, or None when no filter is active (all)."""
+    n = row.shape[0]
     top_k = params.top_k if 0 < params.top_k < n else 0
     top_p = params.top_p if params.top_p < 1.0 else 0.0
     min_p = params.min_p
     if not (top_k or top_p or min_p):
         return None
-    m = float(logits.max())
-    if min_p and not (top_k or top_p):
-        # min-p alone: keep p >= min_p * p_max  <=>  logit >= max + log(min_p). No sort needed.
-        return np.flatnonzero(logits >= m + np.log(min_p))
-
-    # Sort only a candidate set that must contain everything the filters can keep.
-    width = top_k if top_k else min(_TOP_P_CANDIDATES, n)
-    while True:
-        cand = _top_candidates(logits, width)
-        if not top_p or top_k or width == n:
-            break
-        # The candidates hold enough mass for top-p unless their cumulative share is below top_p.
-        z = np.exp(logits[cand] - m)
-        total = float(np.sum(np.exp(logits - m)))
-        if z.sum() / total >= top_p:
-            break
-        width = min(n, width * 8)
-    keep = cand
+    floor = m + math.log(min_p) if min_p else -math.inf
+    if not (top_k or top_p):
+        return _at_least(row, groups, floor)  # min-p alone: keep p >= min_p * p_max
+    if top_k:
+        keep = _top_ids(row, groups, top_k)
+        if not top_p and min_p:
+            return keep[row[keep] >= floor]
     if top_p:
-        # Softmax over the full row (the untempered distribution), restricted to the candidates.
+        # The untempered distribution's mass, over the top-k survivors or the whole row as llama.cpp.
         # float64: the cut must not move with rounding when the mass sits right at top_p.
-        z = np.exp(logits[keep].astype(np.float64) - m)
-        total = float(z.sum()) if top_k else float(np.sum(np.exp(logits.astype(np.float64) - m)))
-        cum = np.cumsum(z) / total
-        # Keep the smallest prefix whose mass reaches top_p (at least one token), as llama.cpp does.
+        total = None if top_k else float(np.exp(row.astype(np.float64) - m).sum())
+        width = 64
+        while True:
+            if not top_k:
+                keep = _top_ids(row, groups, width)
+            z = np.exp(row[keep].astype(np.float64) - m)
+            cum = np.cumsum(z) / (total if total is not None else float(z.sum()))
+            if top_k or cum[-1] >= top_p or width >= n:
+                break
+            width = min(n, width * 8)
+        # The smallest prefix whose mass reaches top_p (at least one token), as llama.cpp does.
         cut = int(np.searchsorted(cum, top_p, side="left")) + 1
         keep = keep[: max(1, min(cut, keep.shape[0]))]
     if min_p:
-        keep = keep[logits[keep] >= m + np.log(min_p)]
+        keep = keep[row[keep] >= floor]
     return keep
 
 
-def process_logits(logits: np.ndarray, params: SamplingParams, *, out_width: int | None = None) -> np.ndarray:
-    """One logits row -> the processed probability row (float32, sums to 1) sampling draws from.
+class Dist:
+    """A processed distribution over a vocabulary of `width` ids: its support `ids` (None: every id)
+    and their `scores`, the tempered logits (log-probabilities up to a constant). Probabilities are
+    computed when first asked for."""
 
-    `out_width` pads the row with zeros (a draft whose vocabulary is shorter than the target's) or
-    cuts it (ids the target does not have are never proposed).
+    __slots__ = ("ids", "scores", "width", "_probs", "_block_max")
+
+    def __init__(
+        self, ids: np.ndarray | None, scores: np.ndarray, width: int, block_max: np.ndarray | None = None
+    ) -> None:
+        self.ids = ids
+        self.scores = scores
+        self.width = width
+        self._probs: np.ndarray | None = None
+        self._block_max = block_max  # dense only: each block's largest score
+
+    @staticmethod
+    def from_probs(ids: np.ndarray | None, probs: np.ndarray, width: int) -> Dist:
+        with np.errstate(divide="ignore"):
+            d = Dist(ids, np.log(probs), width)
+        d._probs = probs / probs.sum()
+        return d
+
+    @property
+    def probs(self) -> np.ndarray:
+        """Probabilities over the support (float64, summing to 1)."""
+        if self._probs is None:
+            z = np.exp(self.scores - self.scores.max(), dtype=np.float64)
+            self._probs = z / z.sum()
+        return self._probs
+
+    def prob(self, token: int) -> float:
+        if self.ids is None:
+            return float(self.probs[token]) if 0 <= token < self.scores.shape[0] else 0.0
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    def top(self) -> float:
+        """The largest probability (how sure this distribution is)."""
+        return float(self.probs.max())
+
+    def dense(self) -> np.ndarray:
+        """The probability row over the whole vocabulary (float32)."""
+        out = np.zeros(self.width, dtype=np.float32)
+        if self.ids is None:
+            out[: self.probs.shape[0]] = self.probs
+        else:
+            out[self.ids] = self.probs
+        return out
+
+    def draw(self, noise: Noise, position: int, family: int = CHOICE, salt: int = 0) -> int:
+        """The Gumbel-max draw argmax(score + g) with the noise keyed at this position: a sample of
+        this distribution, and the same token for every distribution that agrees on where it lands."""
+        if self.ids is not None:
+            return int(self.ids[np.argmax(self.scores + noise.gumbel(position, self.ids, family, salt))])
+        s = self.scores
+        if self._block_max is None:
+            self._block_max = _block_max(s)
+        blocks = np.arange(self._block_max.shape[0])
+        bound = self._block_max + noise.block_gumbel(position, blocks, family, salt)
+        best, best_value = -1, -math.inf
+        # Blocks in order of the most any of their ids could score; stop when none can beat the best.
+        for b in np.argsort(-bound, kind="stable"):
+            if bound[b] <= best_value:
+                break
+            ids = np.arange(b * BLOCK, min((b + 1) * BLOCK, s.shape[0]))
+            values = s[ids] + noise.gumbel_blocked(position, ids, family, salt)
+            i = int(np.argmax(values))
+            if values[i] > best_value:
+                best, best_value = int(ids[i]), float(values[i])
+        if best < 0:
+            raise SamplingError("nothing left to sample: the distribution has no mass")
+        return best
+
+    def _aligned(self, other: Dist) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """(ids, p, q): both distributions' probabilities over the union of their supports."""
+        if self.ids is None or other.ids is None:
+            return None, _dense64(self), _dense64(other)
+        ids = np.union1d(self.ids, other.ids)
+        p = np.zeros(ids.shape[0])
+        q = np.zeros(ids.shape[0])
+        p[np.searchsorted(ids, self.ids)] = self.probs
+        q[np.searchsorted(ids, other.ids)] = other.probs
+        return ids, p, q
+
+    def overlap(self, q: Dist) -> float:
+        """sum_x min(p(x), q(x)): how likely the exact rule accepts a proposal drawn from q."""
+        _, p_row, q_row = self._aligned(q)
+        return float(np.minimum(p_row, q_row).sum())
+
+    def residual(self, q: Dist | None, rejected_token: int) -> Dist:
+        """norm(max(p - q, 0)): what to draw after a rejection so that the output still follows p.
+        q None is a point-mass proposal (n-gram lookup): p with the rejected token removed."""
+        if q is None:
+            ids, r = self.ids, self.probs.copy()
+            hit = np.flatnonzero(ids == rejected_token) if ids is not None else [rejected_token]
+            r[hit] = 0.0
+        else:
+            ids, p_row, q_row = self._aligned(q)
+            r = np.maximum(p_row - q_row, 0.0)
+        if not r.sum() > 0:
+            return self  # only reachable through float rounding when p == q: then p is the answer
+        return Dist.from_probs(ids, r, self.width)
+
+
+def _dense64(d: Dist) -> np.ndarray:
+    out = np.zeros(d.width)
+    if d.ids is None:
+        out[: d.probs.shape[0]] = d.probs
+    else:
+        out[d.ids] = d.probs
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _banned_index(banned: tuple[int, ...], n: int) -> np.ndarray:
+    return np.array(sorted({t for t in banned if 0 <= t < n}), dtype=np.int64)
+
+
+def _without_banned(row: np.ndarray, banned: tuple[int, ...]) -> np.ndarray:
+    """The row with banned ids at -inf; a copy only when one of them is not already there (the engine
+    masks verify rows in place, once, so the usual case copies nothing)."""
+    if not banned:
+        return row
+    idx = _banned_index(banned, row.shape[0])
+    if not idx.size or not (row[idx] > -np.inf).any():
+        return row
+    row = row.copy()
+    row[idx] = -np.inf
+    return row
+
+
+def mask_banned(rows: np.ndarray, banned: tuple[int, ...]) -> None:
+    """Set banned ids to -inf in place, in llama.cpp's logits buffer (ours until the next decode)."""
+    if banned:
+        rows[:, _banned_index(banned, rows.shape[1])] = -np.inf
+
+
+def _check_max(m: float) -> None:
+    if math.isnan(m) or m == math.inf:
+        raise SamplingError("the model produced NaN or infinite logits; refusing to sample from them")
+    if m == -math.inf:
+        raise SamplingError("nothing left to sample: the distribution has no mass")
+
+
+def greedy_token(logits: np.ndarray, banned: tuple[int, ...] = ()) -> int:
+    """argmax of one row (ties go to the lowest id, as llama.cpp's greedy sampler). One pass: argmax
+    lands on a NaN if there is one, so checking the winner checks the row."""
+    logits = _without_banned(logits, banned)
+    idx = int(np.argmax(logits))
+    _check_max(float(logits[idx]))
+    return idx
+
+
+def top_probability(row: np.ndarray) -> float:
+    """max softmax(row), the draft's confidence in its greedy token, from the ids that can matter: the
+    64 groups with the highest maxima, within 20 nats of the top. Any function of the row keeps
+    sampling exact (it never looks at a drawn token); this one errs only on very flat rows, where it
+    overstates a confidence that is low either way."""
+    groups = _Groups(row)
+    gm = groups.max
+    m = float(gm.max())
+    _check_max(m)
+    near = np.flatnonzero(gm >= m - 20.0)
+    if near.shape[0] > 64:
+        near = near[np.argpartition(gm[near], near.shape[0] - 64)[-64:]]
+    ids = groups.ids(near)
+    return float(1.0 / np.exp(row[ids].astype(np.float64) - m).sum())
+
+
+def distribution(logits: np.ndarray, params: SamplingParams, *, width: int | None = None) -> Dist:
+    """One logits row -> the processed distribution that sampling draws from.
+
+    `width` is the target's vocabulary size: ids beyond it (a draft with a longer vocabulary) are
+    never proposed, and a shorter row simply has no mass past its end.
     """
     if params.greedy:
         raise ValueError("greedy decoding uses greedy_token, not a distribution")
-    row = logits if out_width is None or out_width >= logits.shape[0] else logits[:out_width]
+    row = logits if width is None or width >= logits.shape[0] else logits[:width]
     row = _without_banned(row, params.banned)
-    _check_finite(row)
-    width = out_width or row.shape[0]
-    inv_t = np.float32(1.0 / params.temperature)
-    keep = _kept_candidates(row, params)
-    probs = np.zeros(width, dtype=np.float32)
+    out_width = width or row.shape[0]
+    groups = _Groups(row)
+    m = float(groups.max.max())
+    _check_max(m)
+    inv_t = 1.0 / params.temperature
+    if not math.isfinite(inv_t * max(1.0, abs(m))):
+        raise SamplingError(f"temperature {params.temperature:g} is too small to divide logits by")
+    keep = _support(row, groups, m, params)
     if keep is None:
-        z = row * inv_t
-        z -= z.max()
-        np.exp(z, out=z)
-        probs[: row.shape[0]] = z / z.sum()
-    else:
-        z = row[keep] * inv_t
-        z -= z.max()
-        np.exp(z, out=z)
-        probs[keep] = z / z.sum()
-    return probs
+        return Dist(None, row * np.float32(inv_t), out_width)
+    return Dist(keep, row[keep].astype(np.float64) * inv_t, out_width)
+
+
+def process_logits(logits: np.ndarray, params: SamplingParams, *, out_width: int | None = None) -> np.ndarray:
+    """One logits row -> the processed probability row (float32, sums to 1) over `out_width` ids."""
+    return distribution(logits, params, width=out_width).dense()
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
@@ -175,10 +491,7 @@ def accept_prefix(p_draft: np.ndarray, q_draft: np.ndarray, u: np.ndarray) -> in
 
 
 def residual_distribution(p: np.ndarray, q: np.ndarray | None, rejected_token: int) -> np.ndarray:
-    """norm(max(p - q, 0)): what to sample after a rejection so the output still follows p.
-
-    q=None is a point-mass proposal (n-gram lookup): the residual is p with the rejected token removed.
-    """
+    """norm(max(p - q, 0)) on dense rows (see Dist.residual)."""
     if q is None:
         r = p.copy()
         r[rejected_token] = 0.0
@@ -186,13 +499,12 @@ def residual_distribution(p: np.ndarray, q: np.ndarray | None, rejected_token: i
         r = np.maximum(p - q, 0.0)
     total = float(r.sum())
     if not total > 0:
-        # Only reachable through float rounding when p == q; then p itself is the right answer.
         return p
     return r / np.float32(total)
 
 
 def acceptance_probability(
-    target_logits: np.ndarray, token: int, q: np.ndarray | None, params: SamplingParams
+    target_logits: np.ndarray, token: int, q: np.ndarray | Dist | None, params: SamplingParams
 ) -> float:
     """How likely the exact rule accepts a proposal at a position whose target logits are given:
     greedy, 1 if `token` is the argmax; sampling, sum_x min(p(x), q(x)) for a proposal drawn from q
@@ -200,7 +512,38 @@ def acceptance_probability(
     (q None)."""
     if params.greedy:
         return float(token == greedy_token(target_logits, params.banned))
-    p = process_logits(target_logits, params)
+    return proposal_acceptance(distribution(target_logits, params), token, q)
+
+
+def proposal_acceptance(p: Dist, token: int, q: np.ndarray | Dist | None) -> float:
+    """acceptance_probability for an already processed target distribution p."""
     if q is None:
-        return float(p[token])
-    return float(np.minimum(p, q[: p.shape[0]]).sum())
+        return p.prob(token)
+    if isinstance(q, np.ndarray):
+        q = Dist.from_probs(None, q[: p.width].astype(np.float64), p.width)
+    return p.overlap(q)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How one generation draws tokens: the settings, the keyed noise, and the verification rule
+    (`same_as_plain`: drafts are accepted only where they equal the target's own draw)."""
+
+    params: SamplingParams
+    noise: Noise
+    same_as_plain: bool = False
+
+    @property
+    def mode(self) -> str:
+        if self.params.greedy:
+            return "greedy"
+        return "same-as-plain" if self.same_as_plain else "rejection"
+
+    def draft_draw(self, q: Dist, position: int, attempt: int) -> int:
+        """The draft's token at `position` from its distribution q. Same-as-plain: with the target's
+        own noise there, so the draft lands where the target will whenever q allows it. Rejection
+        sampling: fresh noise for each attempt (a position may be drafted again after a rejection
+        before it), so the draw never correlates with a later decision at that position."""
+        if self.same_as_plain:
+            return q.draw(self.noise, position)
+        return q.draw(self.noise, position, DRAFT, salt=attempt)

@@ -37,6 +37,8 @@ class GenerationStats:
     generation_seconds: float = 0.0  # wall time from the first round to the end
     decode_seconds: float = 0.0  # of that, inside llama_decode (target and draft)
     stop_reason: str = ""
+    seed: int | None = None
+    sampling_mode: str = ""  # "greedy" | "same-as-plain" | "rejection"
     accepted_per_round: Counter = field(default_factory=Counter)  # histogram over drafting rounds
     k_per_round: list[int] = field(default_factory=list)
     origins: Counter = field(default_factory=Counter)  # emitted tokens by origin
@@ -68,6 +70,8 @@ class GenerationStats:
             self.n_prompt = event.n_prompt
             self.n_prompt_evaluated = event.n_evaluated
             self.prompt_seconds = event.seconds
+            self.seed = event.seed
+            self.sampling_mode = event.sampling_mode
 
     # -- derived figures -----------------------------------------------------------------------------
 
@@ -157,4 +161,6 @@ class GenerationStats:
             "tokens_per_second": r(self.tokens_per_second, 2),
             "predicted_speedup": r(self.predicted_speedup, 3),
             "stop_reason": self.stop_reason,
+            "sampling_mode": self.sampling_mode,
+            "seed": self.seed,
         }

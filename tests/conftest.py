@@ -36,3 +36,59 @@ def shared_models() -> SharedModels:
     if not (target.is_file() and draft.is_file()):
         pytest.skip("../shared/models not present (real trained pair only exists on the dev machine)")
     return SharedModels(target=target, draft=draft, directory=SHARED_MODELS_DIR)
+
+
+# Environment variables through which a user's own setup could reach a test: config lookup, the chat
+# history file, debug tracebacks, colour forcing.
+_USER_ENV = (
+    "SPECLI_CONFIG", "SPECLI_DEBUG", "XDG_STATE_HOME", "FORCE_COLOR", "NO_COLOR", "COLUMNS", "LINES"
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated_user_environment(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Every test runs in an empty directory with an empty HOME, so no models.toml (the repository's
+    own, ./models.toml, or the user's ~/.config one), no $SPECLI_CONFIG and no history file of the
+    person running the tests can change what a test sees. Yields the temporary home."""
+    home = tmp_path_factory.mktemp("home")
+    for name in _USER_ENV:
+        # setenv first so that monkeypatch restores the variable even when the test sets it itself
+        # (`specli --debug` writes SPECLI_DEBUG into os.environ).
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("USERPROFILE", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("APPDATA", str(home / "AppData" / "Roaming"))
+    work = home / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return home
+
+
+@pytest.fixture(scope="session")
+def eos_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model that ends its text: at every position the same distribution, token 300 at
+    logit 3.5, EOS at 3, the rest at 0. Greedy never stops (it repeats token 300); sampling with the CLI's
+    filters (min-p 0.05 leaves token 300 and EOS) stops at EOS within a few tokens. The fixture models never
+    emit EOS, nor does the real pair within hundreds of tokens."""
+    import numpy as np
+
+    from specli.synth import FIXTURE_N_VOCAB, LlamaSpec, fixture_documents, train_vocab, write_llama_gguf
+
+    vocab = train_vocab(fixture_documents(), FIXTURE_N_VOCAB).vocab
+    spec = LlamaSpec(n_vocab=len(vocab.tokens), n_embd=32, n_layer=1, n_head=2, n_head_kv=2, n_ff=64,
+                     name="eos-model")
+    weights = {name: np.zeros(shape, np.float32) for name, shape in spec.tensor_shapes().items()}
+    for name, shape in spec.tensor_shapes().items():
+        if len(shape) == 1:
+            weights[name] = np.ones(shape, np.float32)  # norms
+    # Zero attention and FFN leave the embedding as the final state; after the norm it is all ones,
+    # so a token's logit is the sum of its output row.
+    weights["token_embd.weight"][:] = 0.1
+    weights["output.weight"][vocab.eos_id] = 3.0 / spec.n_embd
+    weights["output.weight"][300] = 3.5 / spec.n_embd
+    path = tmp_path_factory.mktemp("eos-model") / "eos-model.gguf"
+    return write_llama_gguf(path, spec, vocab, weights, dtype="f32")

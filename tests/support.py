@@ -223,6 +223,10 @@ def plain_greedy(
 # ---------------------------------------------------------------------------------------------------
 
 OMIT = object()  # pass as a keyword to leave that metadata key out
+# An SPM vocabulary needs a token for each of the 256 bytes (llama.cpp spells unknown text as bytes).
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+DEFAULT_TOKENS = ["<unk>", "<s>", "</s>", *BYTE_TOKENS] + [f"t{i}" for i in range(29)]
+N_VOCAB = len(DEFAULT_TOKENS)  # 288
 
 
 def write_gguf(
@@ -246,7 +250,7 @@ def write_gguf(
 ) -> Path:
     """A tiny GGUF: token_embd, output_norm and one blk.N.attn_norm per layer, all F32."""
     if tokens is None:
-        tokens = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(29)]
+        tokens = DEFAULT_TOKENS
     w = gguf.GGUFWriter(path, arch)
     if alignment is not None:
         w.add_custom_alignment(alignment)
@@ -270,7 +274,7 @@ def write_gguf(
         else:
             w.add_array(key, value)
     if tensors:
-        n_vocab = len(tokens) if tokens is not OMIT else 32
+        n_vocab = len(tokens) if tokens is not OMIT else N_VOCAB
         emb_rows, emb_cols = embd_shape or (n_vocab, n_embd if isinstance(n_embd, int) else 16)
         w.add_tensor("token_embd.weight", np.zeros((emb_rows, emb_cols), dtype=np.float32))
         w.add_tensor("output_norm.weight", np.ones(emb_cols, dtype=np.float32))

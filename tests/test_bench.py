@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import re
+import select
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from specli.bench import (
     BUILTIN_PROMPTS,
@@ -30,6 +41,7 @@ from specli.bench import (
     write_csv,
     write_json,
 )
+from specli.cli import app
 from specli.errors import UsageProblem
 from specli.stats import expected_tokens_per_round
 from specli.ui.bench_view import render_bench
@@ -131,9 +143,10 @@ def test_acceptance_prediction_and_efficiency_are_computed(bench) -> None:
         shares = (c.draft_share, c.verify_share, c.other_share)
         assert all(s is not None and 0 <= s <= 1 for s in shares)
         assert sum(shares) == pytest.approx(1.0, abs=1e-6)
-        # Greedy speculation reproduces plain greedy decoding exactly.
-        if c.temperature == 0:
-            assert c.greedy_mismatches == 0
+    # Same-as-plain (the default) reproduces plain decoding exactly, greedy or sampled, and says so.
+    assert result.config.same_as_plain and any(c.temperature > 0 for c in result.configs)
+    assert all(c.mismatches == 0 and c.first_forks == [] for c in result.configs)
+    assert all(r.first_fork is None for r in result.runs if r.mode == "spec")
     spec_runs = [r for r in result.runs if r.mode == "spec"]
     assert all(r.predicted_speedup is not None for r in spec_runs)
     assert result.best is max(result.configs, key=lambda c: c.speedup.median)
@@ -157,6 +170,13 @@ def test_progress_phases_and_excluded_timings(bench) -> None:
     assert result.target.n_params > 0 and result.draft.n_vocab == result.target.n_vocab
 
 
+def _same(file_value, value) -> bool:
+    """A value as written to a file (floats rounded to 6 places) against the run's own."""
+    if isinstance(value, float):
+        return file_value == pytest.approx(value, abs=1e-6)
+    return file_value == value
+
+
 def test_json_and_csv_hold_every_run(bench, tmp_path) -> None:
     result, _ = bench
     write_json(result, tmp_path / "b.json")
@@ -165,16 +185,56 @@ def test_json_and_csv_hold_every_run(bench, tmp_path) -> None:
     sections = {"machine", "models", "options", "timings", "verify_curve", "configs", "runs", "prompts"}
     assert sections <= set(data)
     assert data["options"]["ks"] == [1, 2] and data["options"]["repeat"] == 2
+    assert data["options"]["temperatures"] == [0.0, 1.0] and data["options"]["max_tokens"] == 16
+    assert data["options"]["n_threads"] == 1 and data["interrupted"] is False
     assert data["machine"]["cpu_count"] and data["machine"]["llama_cpp_python"]
-    assert data["models"]["target"]["file_bytes"] > 0
-    assert [p["m"] for p in data["verify_curve"]["points"]] == [1, 2, 3]
-    assert len(data["configs"]) == 4 and len(data["runs"]) == len(result.runs)
-    assert data["configs"][0]["per_prompt"][0]["prompt"] == "story"
+    assert data["models"]["target"]["file_bytes"] == result.config.target.stat().st_size
+    assert data["models"]["draft"]["file_bytes"] == result.config.draft.stat().st_size
+    assert [p["name"] for p in data["prompts"]] == ["story", "copy"]
+    assert [p["text"] for p in data["prompts"]] == [p.text for p in PROMPTS]
+    assert [(p["m"], p["ms"]) for p in data["verify_curve"]["points"]] == [
+        (p.m, pytest.approx(p.ms, abs=1e-6)) for p in result.curve.points]
+    # Every run, every field, in the order they ran.
+    assert len(data["runs"]) == len(result.runs)
+    for written, run in zip(data["runs"], result.runs, strict=True):
+        for name, value in asdict(run).items():
+            assert _same(written[name], value), name
+    # Every configuration's figures are the run's, as aggregated.
+    assert len(data["configs"]) == len(result.configs) == 4
+    for written, c in zip(data["configs"], result.configs, strict=True):
+        assert (written["temperature"], written["k"], written["pairs"]) == (c.temperature, c.k, c.pairs)
+        assert _same(written["speedup"]["median"], c.speedup.median)
+        assert _same(written["acceptance_rate"], c.acceptance_rate)
+        assert _same(written["predicted_speedup"], c.predicted_speedup)
+        assert [p["prompt"] for p in written["per_prompt"]] == ["story", "copy"]
+    assert data["best"]["k"] == result.best.k and _same(data["best"]["speedup"], result.best.speedup.median)
     with open(tmp_path / "b.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(result.runs)
-    assert {"prompt", "repeat", "mode", "tokens_per_second", "acceptance_rate", "seq"} <= set(rows[0])
-    assert rows[0]["mode"] in ("plain", "spec") and float(rows[0]["tokens_per_second"]) > 0
+    for row, run in zip(rows, result.runs, strict=True):
+        assert row["mode"] == run.mode and row["prompt"] == run.prompt and int(row["seq"]) == run.seq
+        assert float(row["temperature"]) == run.temperature and row["k"] == str(run.k)
+        assert int(row["n_generated"]) == run.n_generated and int(row["drafted"]) == run.drafted
+        assert int(row["accepted"]) == run.accepted and int(row["output_crc"]) == run.output_crc
+        assert float(row["tokens_per_second"]) == pytest.approx(run.tokens_per_second, abs=1e-6)
+        assert row["speedup"] == ("" if run.speedup is None else str(round(run.speedup, 6)))
+        assert row["target"] == str(result.config.target) and row["drafter"] == "draft"
+
+
+def test_configs_are_pooled_from_their_runs(bench) -> None:
+    """Each configuration's acceptance, alpha and tokens per round, recomputed from its own runs."""
+    result, _ = bench
+    for c in result.configs:
+        spec = [r for r in result.runs if (r.temperature, r.k, r.mode) == (c.temperature, c.k, "spec")]
+        accepted, drafted = sum(r.accepted for r in spec), sum(r.drafted for r in spec)
+        assert c.acceptance_rate == pytest.approx(accepted / drafted)
+        assert c.alpha == pytest.approx(accepted / (accepted + sum(r.rejections for r in spec)))
+        generated, rounds = sum(r.n_generated for r in spec), sum(r.rounds for r in spec)
+        assert c.tokens_per_round == pytest.approx(generated / rounds)
+        assert c.short_runs == 0 and all(r.n_generated == 16 for r in result.runs)  # EOS ignored
+        for r in spec:
+            assert max(r.k_per_round) <= c.k and sum(r.k_per_round) == r.drafted
+            assert r.acceptance_rate == pytest.approx(r.accepted / r.drafted)
 
 
 def test_render_shows_the_tables(bench) -> None:
@@ -209,6 +269,15 @@ def test_interrupted_bench_keeps_whole_pairs(fixture_models) -> None:
     assert len(result.runs) == 4  # the fifth run's pair was not complete
     assert result.configs[0].pairs == 2
     assert any("interrupted" in message for _, message in bench_notes(result))
+
+
+@pytest.mark.xfail(strict=True, reason="bug: bench.py _run_pairs reports the step of a pair's second run "
+                   "before it keeps the pair, so Ctrl-C right after that step drops a completed pair")
+def test_an_interrupt_right_after_a_pair_completes_keeps_that_pair(fixture_models) -> None:
+    progress = RecordingProgress(interrupt_after_runs=6)  # the third pair's second run has finished
+    result = run_bench(tiny_config(fixture_models), progress=progress)
+    assert result.interrupted
+    assert len(result.runs) == 6
 
 
 def test_context_too_small_is_a_usage_problem(fixture_models) -> None:
@@ -316,3 +385,134 @@ def test_spread() -> None:
     s = Spread.of([3.0, 1.0, None, 2.0, 4.0])
     assert (s.n, s.median, s.min, s.max) == (4, 2.5, 1.0, 4.0)
     assert Spread.of([]).median is None
+
+
+# -- the `specli bench` command ------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def bench_cli(fixture_models, tmp_path, *extra: str, draft: str | None = None):
+    args = ["bench", "--target", str(fixture_models.target), "--draft", draft or str(fixture_models.draft),
+            "-t", "1", "-c", "256", *extra]
+    return runner.invoke(app, args, catch_exceptions=False)
+
+
+def test_bench_command_with_prompts_json_and_csv(fixture_models, tmp_path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"name": "fox", "prompt": "The fox ran to the park."}) + "\n"
+                       + json.dumps({"name": "bird", "prompt": "Once upon a time a bird"}) + "\n")
+    out_json, out_csv = tmp_path / "r.json", tmp_path / "r.csv"
+    result = bench_cli(fixture_models, tmp_path, "-k", "2,auto", "--temp", "0", "-n", "8", "--repeat", "1",
+                       "--prompts", str(prompts), "--json", str(out_json), "--csv", str(out_csv))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out_json.read_text())
+    assert [p["name"] for p in data["prompts"]] == ["fox", "bird"]
+    assert data["options"]["ks"] == [2, "auto"] and data["options"]["temperatures"] == [0.0]
+    runs = data["runs"]
+    assert len(runs) == 2 * 2 * 1 * 2  # ks x prompts x repeat x (plain, spec)
+    assert {r["prompt"] for r in runs} == {"fox", "bird"}
+    assert all(r["n_generated"] == 8 and r["stop_reason"] == "length" for r in runs)  # EOS ignored
+    # Greedy: each pair's outputs are identical; the speedup is the pair's ratio of rates.
+    for plain, spec in zip(runs[::2], runs[1::2], strict=True):
+        plain, spec = (plain, spec) if plain["mode"] == "plain" else (spec, plain)
+        assert plain["output_crc"] == spec["output_crc"]
+        ratio = spec["tokens_per_second"] / plain["tokens_per_second"]
+        assert spec["speedup"] == pytest.approx(ratio, rel=1e-4)
+    with open(out_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["seq"], r["mode"], r["prompt"], r["output_crc"]) for r in rows] == [
+        (str(r["seq"]), r["mode"], r["prompt"], str(r["output_crc"])) for r in runs]
+    # The table on stdout: one row per configuration, with the speedup of that configuration.
+    for c in data["configs"]:
+        assert f"{c['speedup']['median']:.2f}×" in result.stdout
+    assert "speedup by prompt" in result.stdout and "fox" in result.stdout
+
+
+def test_bench_stop_at_eos_lets_runs_end_early(eos_model, tmp_path) -> None:
+    """With --stop-at-eos runs stop at EOS (counted as short runs); by default (as llama-bench) every
+    run generates exactly -n tokens, EOS banned."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Once upon a time\nThe fox\n")
+    common = ["bench", "--target", str(eos_model), "--draft", "ngram", "-t", "1", "-c", "256", "-k", "2",
+              "--temp", "1", "-n", "40", "--repeat", "2", "--prompts", str(prompts)]
+    for flag, name in (("--stop-at-eos", "eos.json"), ("--ignore-eos", "all.json")):
+        result = runner.invoke(app, [*common, flag, "--json", str(tmp_path / name)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    eos = json.loads((tmp_path / "eos.json").read_text())
+    full = json.loads((tmp_path / "all.json").read_text())
+    assert len(eos["runs"]) == len(full["runs"]) == 2 * 2 * 2
+    assert all(r["stop_reason"] == "eos" and r["n_generated"] < 40 for r in eos["runs"])
+    assert eos["configs"][0]["short_runs"] == len(eos["runs"])
+    assert all(r["stop_reason"] == "length" and r["n_generated"] == 40 for r in full["runs"])
+    assert full["configs"][0]["short_runs"] == 0
+
+
+def test_bench_command_errors_are_one_line(fixture_models, tmp_path) -> None:
+    missing = bench_cli(fixture_models, tmp_path, "--prompts", str(tmp_path / "none.txt"))
+    assert missing.exit_code == 2 and missing.stderr.startswith("specli: error: ")
+    assert len(missing.stderr.strip().splitlines()) == 1
+    bad_k = bench_cli(fixture_models, tmp_path, "-k", "0")
+    assert bad_k.exit_code == 2 and "-k" in bad_k.stderr
+    no_draft = runner.invoke(app, ["bench", "--target", str(fixture_models.target)])
+    assert no_draft.exit_code == 2 and "give --draft" in no_draft.stderr
+
+
+def completed_runs(terminal_output: bytes) -> int:
+    """The last count of completed runs the progress display showed ("runs ━━━ 12/2000…")."""
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal_output.decode("utf-8", errors="replace"))
+    counts = re.findall(r"runs\s+\S+\s+(\d+)/", plain)
+    return int(counts[-1]) if counts else 0
+
+
+def test_ctrl_c_stops_the_bench_with_exit_130_and_keeps_whole_pairs(fixture_models, tmp_path) -> None:
+    """SIGINT once the progress display shows a finished run: the completed pairs are reported and
+    written, and the exit code is 130. Stderr is a pseudo-terminal so that the progress is shown."""
+    pty = pytest.importorskip("pty", reason="needs a POSIX pseudo-terminal")
+    exe = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
+    out_json, prompts = tmp_path / "r.json", tmp_path / "p.txt"
+    prompts.write_text("Once upon a time a fox\n")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [exe, "bench", "--target", str(fixture_models.target), "--draft", str(fixture_models.draft),
+         "-t", "1", "-c", "256", "-k", "2", "--temp", "0", "-n", "32", "--repeat", "100000",
+         "--prompts", str(prompts), "--json", str(out_json)],
+        stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, cwd=tmp_path, text=True)
+    os.close(slave)
+    seen = b""
+    try:
+        # Wait until the progress shows the third run done: the first pair was recorded before that
+        # run started (the step of a pair's second run is shown just before the pair is kept). The
+        # timeout only guards against a hang, it is not the synchronisation.
+        deadline = time.monotonic() + 120
+        while completed_runs(seen) < 3:
+            assert time.monotonic() < deadline, f"no progress seen: {seen[-500:]!r}"
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:  # the child closed the terminal: it ended early
+                    break
+            assert proc.poll() is None, f"bench ended before the interrupt: {seen[-500:]!r}"
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    assert proc.returncode == 130
+    data = json.loads(out_json.read_text())
+    assert data["interrupted"] is True
+    assert len(data["runs"]) >= 2 and len(data["runs"]) % 2 == 0
+    assert data["configs"][0]["pairs"] == len(data["runs"]) // 2
+    assert "interrupted" in stdout
+
+
+def test_first_difference() -> None:
+    from specli.bench import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    assert first_difference([], []) is None

@@ -7,12 +7,18 @@ import io
 import json
 import os
 import re
+import select
+import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from specli import GenerationParams, SamplingParams, load
 from specli.chat import (
@@ -26,6 +32,7 @@ from specli.chat import (
     run_chat,
 )
 from specli.chat_template import ChatTemplate
+from specli.cli import app
 from specli.events import DoneEvent, PromptEvent, TokenEvent
 from specli.synth import (
     FIXTURE_N_VOCAB,
@@ -155,8 +162,7 @@ def test_session_turns_and_the_stats_line(fixture_models) -> None:
         line = format_turn_line(turn)
         assert line.startswith(f"{turn.generated_tokens} token") and "tok/s" in line
         assert f"prefill {prompt.n_evaluated}" in line
-        if turn.drafted:
-            assert "acceptance" in line
+        assert turn.drafted > 0 and "acceptance" in line
         totals = session.totals()
         assert totals.turns == 2 and totals.generated_tokens == sum(t.generated_tokens for t in session.turns)
 
@@ -433,3 +439,145 @@ def test_llama3_template_renders_header_tokens_and_one_bos(llama3_model) -> None
         events = run_turn(session, "Hi there")
         assert isinstance(events[-1], DoneEvent)
         assert session.messages[-1]["role"] == "assistant"
+
+
+def test_slash_stats_and_bye_report_the_session_totals(fixture_models, tmp_path) -> None:
+    save = tmp_path / "t.json"
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        code, _, err = chat(spec, f"Once upon a time\nThe bird was sad\n/stats\n/save {save}\n/bye\nnever\n")
+    assert code == 0
+    turns = json.loads(save.read_text())["turns"]
+    generated = sum(t["generated_tokens"] for t in turns)
+    drafted, accepted = sum(t["drafted"] for t in turns), sum(t["accepted"] for t in turns)
+    prefill = sum(t["prefill_tokens"] for t in turns)
+    line = next(line for line in err.splitlines() if line.startswith("2 turns · "))
+    assert f"· {generated} tokens ·" in line and f"({accepted}/{drafted})" in line
+    assert line.endswith(f"prefill {prefill}")
+
+
+# -- the `specli chat` command ---------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def chat_cli(fixture_models, lines: str, *extra: str):
+    args = ["chat", "--target", str(fixture_models.target), "--draft", str(fixture_models.draft),
+            "-t", "1", "-c", "256", "--no-history", *extra]
+    return runner.invoke(app, args, input=lines, catch_exceptions=False)
+
+
+def test_chat_command_options_reach_the_conversation(fixture_models, tmp_path) -> None:
+    save = tmp_path / "t.json"
+    result = chat_cli(fixture_models, f"Once upon a time\n/save {save}\n", "--system", "Be terse.",
+                      "-n", "6", "--temp", "0", "-k", "2", "--seed", "5")
+    assert result.exit_code == 0, result.output
+    data = json.loads(save.read_text())
+    assert data["messages"][0] == {"role": "system", "content": "Be terse."}
+    settings = data["settings"]
+    assert (settings["max_tokens"], settings["temperature"], settings["draft_max"]) == (6, 0, 2)
+    turn = data["turns"][0]
+    assert turn["generated_tokens"] <= 6 and max(turn["stats"]["k_per_round"]) <= 2
+    assert result.stdout == data["messages"][-1]["content"] + "\n"  # stdout: the reply only
+    assert "prefill" in result.stderr
+
+
+def test_chat_command_settings_from_models_toml(fixture_models, tmp_path) -> None:
+    save = tmp_path / "t.json"
+    Path("models.toml").write_text(  # the test's own empty working directory
+        "[defaults]\nthreads = 1\nctx = 256\n"
+        f'[models.tiny]\npath = "{fixture_models.target}"\ndraft = "tinydraft"\n'
+        "temp = 0.0\ndraft_max = 1\nmax_tokens = 5\n"
+        f'[models.tinydraft]\npath = "{fixture_models.draft}"\n'
+    )
+    result = runner.invoke(app, ["chat", "tiny", "--no-history"], input=f"Hello\n/save {save}\n",
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(save.read_text())
+    assert (data["settings"]["max_tokens"], data["settings"]["temperature"]) == (5, 0)
+    assert data["settings"]["draft_max"] == 1
+    assert data["turns"][0]["drafted"] > 0  # the draft named in the file was loaded and used
+
+
+def test_piped_chat_goes_on_after_a_failed_turn_and_exits_1(fixture_models, tmp_path) -> None:
+    save = tmp_path / "t.json"
+    result = chat_cli(fixture_models, "fox " * 400 + f"\nOnce upon a time\n/save {save}\n",
+                      "-n", "6", "--temp", "0")
+    assert result.exit_code == 1
+    assert "does not fit" in result.stderr
+    data = json.loads(save.read_text())
+    assert [m["content"] for m in data["messages"] if m["role"] == "user"] == ["Once upon a time"]
+    assert len(data["turns"]) == 1 and "Traceback" not in result.output
+
+
+def test_chat_command_usage_errors(fixture_models) -> None:
+    both = runner.invoke(app, ["chat", "x", "--target", str(fixture_models.target)])
+    neither = runner.invoke(app, ["chat"])
+    bad_k = runner.invoke(app, ["chat", "--target", str(fixture_models.target), "-k", "many"])
+    for result in (both, neither, bad_k):
+        assert result.exit_code == 2 and result.stderr.startswith("specli: error: ")
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_template_that_fails_to_render_falls_back_to_chatml(tmp_path) -> None:
+    broken = "{{ raise_exception('this template is broken') }}"
+    model = _write_chat_model(tmp_path / "broken.gguf", broken, ["<|im_start|>", "<|im_end|>"],
+                              bos="<s>", eos="</s>")
+    with load(model, None, n_ctx=256, n_threads=1) as spec:
+        session = ChatSession(spec, GREEDY)
+        assert session.template.is_fallback
+        assert "chat template does not work" in session.template_notice
+        assert "this template is broken" in session.template_notice
+        assert session.prepare("Hi").text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        code, _, err = chat(spec, "Hi\n", ChatOptions(temperature=0.0, max_tokens=4, history=False))
+    assert code == 0
+    assert "note: broken.gguf's chat template does not work" in err
+
+
+def _interactive_chat(fixture_models, tmp_path, *extra: str) -> str:
+    """`specli chat` on a pseudo-terminal: type a message, wait until its reply's stats line is shown,
+    then /exit. Returns what the terminal showed."""
+    pty = pytest.importorskip("pty", reason="needs a POSIX pseudo-terminal")
+    exe = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TERM": "xterm"}
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [exe, "chat", "--target", str(fixture_models.target), "--draft", str(fixture_models.draft), "-t", "1",
+         "-c", "256", "-n", "6", "--temp", "0", *extra],
+        stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path, env=env, close_fds=True)
+    os.close(slave)
+    seen = b""
+
+    def wait_for(pattern: bytes) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + 120  # a hang guard only: the wait is for the output
+        while not re.search(pattern, seen):
+            assert time.monotonic() < deadline, f"waited for {pattern!r}: {seen[-400:]!r}"
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:
+                    raise AssertionError(f"the chat ended early: {seen[-400:]!r}") from None
+
+    try:
+        wait_for(rb"/help for commands")
+        os.write(master, b"Once upon a time\n")
+        wait_for(rb"prefill \d+")
+        os.write(master, b"/exit\n")
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return seen.decode("utf-8", errors="replace")
+
+
+def test_interactive_chat_keeps_input_history_unless_told_not_to(fixture_models, tmp_path) -> None:
+    history = tmp_path / "state" / "specli" / "chat_history"
+    shown = _interactive_chat(fixture_models, tmp_path, "--no-history")
+    assert "chatting with" in shown and not history.exists()
+    shown = _interactive_chat(fixture_models, tmp_path)
+    assert "accepted draft" in shown  # the legend: the terminal view, not the piped one
+    lines = history.read_text().splitlines()
+    assert "Once upon a time" in lines and "/exit" in lines

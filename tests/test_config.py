@@ -532,7 +532,7 @@ def test_model_rows_present_missing_invalid(tmp_path: Path) -> None:
     good, bad, gone = rows["good"], rows["bad"], rows["gone"]
     assert good["status"] == "present" and good["error"] is None
     described = (good["architecture"], good["vocab_size"], good["context_length"], good["draft"])
-    assert described == ("llama", 32, 128, "bad")
+    assert described == ("llama", 288, 128, "bad")  # write_gguf: 3 specials, 256 byte tokens, 29 more
     assert good["parameters"] > 0 and good["size"] == (tmp_path / "good.gguf").stat().st_size
     assert bad["status"] == "invalid" and "not a GGUF file" in bad["error"]
     assert gone["status"] == "missing" and gone["size"] is None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from specli.policy import AutoK, Calibration, CostModel, _SourceEstimate
+from specli.sampling import SamplingParams, acceptance_probability
 from specli.stats import expected_tokens_per_round
 
 # A 2-core CPU's verify staircase (ms, from `specli bench` on the demo target): m = 2 costs 1.7x m = 1,
@@ -241,3 +243,123 @@ def test_probes_look_past_the_first_token() -> None:
     policy.sources["ngram/3"] = _SourceEstimate([0.6, 1.0], [0.1, 10.0])  # a1 0.6, a2 0.01
     probes = [k for k in (policy.choose_k("ngram/3", i) for i in range(1, 12)) if k]
     assert probes and min(probes) >= 2
+
+
+# -- bookkeeping: what one round teaches, the prior carried between generations, probe intervals -------
+
+
+def test_partial_acceptance_counts_the_first_position_and_the_later_ones_apart() -> None:
+    """A round of k drafts with n accepted examined position 1 (passed iff n >= 1), then n - 1 later
+    positions that passed and, if n < k, the later one that failed. From the neutral prior (0.5 over
+    two positions) with the round decay 0.9 the counts are exactly these."""
+    cases = {  # (k, accepted): (first: accepted, examined), (later: accepted, examined)
+        (4, 0): ((0, 1), (0, 0)),
+        (4, 1): ((1, 1), (0, 1)),
+        (4, 2): ((1, 1), (1, 2)),
+        (4, 4): ((1, 1), (3, 3)),
+        (1, 1): ((1, 1), (0, 0)),
+    }
+    for (k, accepted), (first, later) in cases.items():
+        policy = AutoK(_costs(CPU_STAIRCASE), decay=0.9)
+        policy.observe("ngram/3", k, accepted, 0.0, 0.06)
+        est = policy.sources["ngram/3"]
+        assert est.first == pytest.approx([0.9 * 1.0 + first[0], 0.9 * 2.0 + first[1]]), (k, accepted)
+        assert est.later == pytest.approx([0.9 * 1.0 + later[0], 0.9 * 2.0 + later[1]]), (k, accepted)
+        # The stats' alpha: accepted over every position examined.
+        assert est.alpha == pytest.approx((est.first[0] + est.later[0]) / (est.first[1] + est.later[1]))
+    plain = AutoK(_costs(CPU_STAIRCASE))
+    plain.observe("ngram/3", 0, 0, 0.0, 0.03)  # a plain round teaches no acceptance
+    assert "ngram/3" not in plain.sources
+
+
+def test_a_rounds_confidences_calibrate_up_to_the_first_rejection() -> None:
+    policy = AutoK(_costs(CPU_STAIRCASE))
+    cal = policy.costs.calibration.setdefault("draft", Calibration())
+    before_seen, before_accepted = cal.seen.copy(), cal.accepted.copy()
+    # Four drafts, two accepted: positions 0 and 1 passed, 2 failed, 3 was never examined.
+    policy.observe("draft", 4, 2, 0.004, 0.06, confidence=[0.99, 0.85, 0.45, 0.15])
+    changed = {Calibration.bin(c) for c in (0.99, 0.85, 0.45)}
+    for b in range(len(cal.seen)):
+        if b in changed:
+            assert cal.seen[b] == pytest.approx(0.98 * before_seen[b] + 1.0)
+        else:
+            assert cal.seen[b] == before_seen[b]
+    sure, doubtful = Calibration.bin(0.99), Calibration.bin(0.45)
+    assert cal.accepted[sure] == pytest.approx(0.98 * before_accepted[sure] + 1.0)  # passed
+    assert cal.accepted[doubtful] == pytest.approx(0.98 * before_accepted[doubtful])  # failed
+
+
+def test_the_estimate_carries_to_the_next_generation_halfway_back_to_neutral() -> None:
+    costs = _costs(CPU_STAIRCASE)
+    first = AutoK(costs)
+    for _ in range(30):
+        first.observe("ngram/3", 4, 3, 0.0, 0.064)  # three of four: a1 high, a2 lower
+    est = first.sources["ngram/3"]
+    assert costs.acceptance["ngram/3"] == (est.a1, est.a2)
+    assert est.a1 > 0.95 and 0.6 < est.a2 < 0.7
+    second = AutoK(costs)  # the next generation on the same models
+    carried = second._estimate("ngram/3")
+    assert carried.a1 == pytest.approx((est.a1 + 0.5) / 2)
+    assert carried.a2 == pytest.approx((est.a2 + 0.5) / 2)
+    assert carried.first[1] == carried.later[1] == 2.0  # weighted as two positions: soon outweighed
+    fresh = AutoK(_costs(CPU_STAIRCASE))._estimate("ngram/3")
+    assert (fresh.a1, fresh.a2) == (0.5, 0.5)
+    # What the carried prior is for: the next generation drafts from its first round.
+    assert second.choose_k("ngram/3", 0) > 0 == AutoK(_costs(CPU_STAIRCASE)).choose_k("ngram/3", 0)
+
+
+def test_probe_interval_doubles_after_each_failed_probe_and_resets_after_a_full_one() -> None:
+    policy = AutoK(_costs(CPU_STAIRCASE), probe_every=4)
+    probes: list[int] = []
+    for round_index in range(800):
+        k = policy.choose_k("draft", round_index)
+        if k:
+            probes.append(round_index)
+            assert k >= 2  # a probe looks past the first token
+        policy.observe("draft", k, 0, 0.002 * k, CPU_STAIRCASE.get(k + 1, 0.1) / 1000)  # probes fail
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert probes[0] == 3  # the 4th round at k = 0
+    assert gaps[:7] == [8, 16, 32, 64, 128, 256, 256]
+    assert policy.probe_interval == 256
+
+    def next_probe(p: AutoK) -> int:
+        while True:
+            k = p.choose_k("draft", 0)
+            if k:
+                return k
+            p.observe("draft", 0, 0, 0.0, CPU_STAIRCASE[1] / 1000)
+
+    # A probe whose every draft is accepted may have found predictable text: probe again soon.
+    k = next_probe(policy)
+    policy.observe("draft", k, k, 0.002 * k, CPU_STAIRCASE[k + 1] / 1000)
+    assert policy.probe_interval == policy.probe_every
+    # One accepted of more is a failed probe: the interval doubles.
+    partial = AutoK(_costs(CPU_STAIRCASE), probe_every=4)
+    k = next_probe(partial)
+    partial.observe("draft", k, 1, 0.002 * k, CPU_STAIRCASE[k + 1] / 1000)
+    assert partial.probe_interval == 8
+
+
+def test_acceptance_probability_is_the_rule_in_expectation() -> None:
+    logits = np.array([2.0, 1.0, 0.5, -1.0, 0.0], dtype=np.float32)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    sampled = SamplingParams(temperature=1.0)
+    greedy = SamplingParams(temperature=0.0)
+    # Greedy: accepted iff the proposal is the argmax (never a banned token).
+    assert acceptance_probability(logits, 0, None, greedy) == 1.0
+    assert acceptance_probability(logits, 1, None, greedy) == 0.0
+    assert acceptance_probability(logits, 1, None, SamplingParams(temperature=0.0, banned=(0,))) == 1.0
+    # A point mass (n-gram proposal): accepted with probability p(x).
+    for token in range(5):
+        assert acceptance_probability(logits, token, None, sampled) == pytest.approx(p[token], rel=1e-5)
+    # A draft distribution q: the expected acceptance of x ~ q is sum_x q(x) min(1, p(x)/q(x)).
+    q = np.array([0.1, 0.6, 0.1, 0.1, 0.1], dtype=np.float32)
+    expected = float(sum(q[x] * min(1.0, p[x] / q[x]) for x in range(5)))
+    assert acceptance_probability(logits, 3, q, sampled) == pytest.approx(expected, rel=1e-5)
+    assert acceptance_probability(logits, 3, p.astype(np.float32), sampled) == pytest.approx(1.0, rel=1e-5)
+    disjoint = np.array([0, 0, 0, 1.0, 0], dtype=np.float32)  # all of q on token 3
+    assert acceptance_probability(logits, 3, disjoint, sampled) == pytest.approx(p[3], rel=1e-5)
+    # The filters apply as in sampling: top-k 1 leaves only the argmax.
+    top1 = SamplingParams(temperature=1.0, top_k=1)
+    assert acceptance_probability(logits, 0, q, top1) == pytest.approx(0.1)

@@ -9,9 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from specli.sampling import SamplingParams
+from specli.sampling import Dist, Sampler
 
 # Asked before each position of a round is drafted: (position in the round, from 0; the drafter's top
 # probability there) -> draft it? The policy's way to stop a round early on a doubtful position.
@@ -23,8 +21,8 @@ class HeldPosition:
     """The position where a gate stopped the draft: what would have been proposed there, so that the
     engine can score it against the target's row when the target reaches that position anyway."""
 
-    token: int  # the draft's greedy token (what greedy drafting would have proposed)
-    probs: np.ndarray | None  # q at that position when sampling (its acceptance is sum min(p, q))
+    token: int  # what the draft would have proposed (greedy: its argmax; same-as-plain: its keyed draw)
+    probs: Dist | None  # q at that position when sampling (its acceptance is sum min(p, q))
     confidence: float
 
 
@@ -32,8 +30,8 @@ class HeldPosition:
 class Draft:
     """Tokens a drafter proposes for the positions after the committed context.
 
-    probs: the drafter's processed distribution q for each proposed position, shape (k, target
-    vocab), or None for a deterministic proposal (a point mass, as n-gram lookup makes).
+    probs: the drafter's processed distribution q for each proposed position (over the target's
+    vocabulary), or None for a deterministic proposal (a point mass, as n-gram lookup makes).
     confidence: the drafter's top probability at each proposed position (empty: it has none, as
     n-gram lookup). held: the position a gate stopped at, if one did. catch_up_seconds: time spent
     evaluating committed tokens the drafter had not seen (after plain rounds), beyond the usual one
@@ -41,7 +39,7 @@ class Draft:
     """
 
     tokens: list[int]
-    probs: np.ndarray | None
+    probs: list[Dist] | None
     drafter: str
     confidence: list[float] = field(default_factory=list)
     held: HeldPosition | None = None
@@ -57,8 +55,9 @@ class Drafter(ABC):
 
     name: str = "drafter"
 
-    def begin(self, context: list[int], sampling: SamplingParams, rng: np.random.Generator) -> None:
-        """A generation starts over `context` (the prompt): prefill, reset indexes."""
+    def begin(self, context: list[int], sampler: Sampler) -> None:
+        """A generation starts over `context` (the prompt): prefill, reset indexes. `sampler` is how
+        the generation draws (its settings, keyed noise and verification rule)."""
 
     def next_source(self, context: list[int]) -> str:
         """Which proposer the next draft() will use (the policy keeps acceptance estimates per source)."""

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from specli.drafters.base import Draft, Drafter, DraftGate
 from specli.drafters.model import DraftModelDrafter
 from specli.drafters.ngram import NGramDrafter
-from specli.sampling import SamplingParams
+from specli.sampling import Sampler
 
 
 class CombinedDrafter(Drafter):
@@ -21,9 +19,9 @@ class CombinedDrafter(Drafter):
         self.ngram = ngram
         self.min_match = min_match
 
-    def begin(self, context: list[int], sampling: SamplingParams, rng: np.random.Generator) -> None:
-        self.ngram.begin(context, sampling, rng)
-        self.model_drafter.begin(context, sampling, rng)
+    def begin(self, context: list[int], sampler: Sampler) -> None:
+        self.ngram.begin(context, sampler)
+        self.model_drafter.begin(context, sampler)
 
     def _confident_match(self, context: list[int], k: int) -> list[int]:
         proposal = self.ngram.lookup(context, k)
@@ -35,9 +33,8 @@ class CombinedDrafter(Drafter):
         return self.model_drafter.name
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
-        proposal = self._confident_match(context, k)
-        if proposal:
-            return Draft(proposal, None, self.ngram.name)
+        if self._confident_match(context, k):
+            return self.ngram.draft(context, k, gate)
         return self.model_drafter.draft(context, k, gate)
 
     def accept(self, context: list[int]) -> None:

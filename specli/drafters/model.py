@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition
 from specli.llama import Model
-from specli.sampling import SamplingParams, greedy_token, process_logits, sample
+from specli.sampling import (
+    Dist,
+    Noise,
+    Sampler,
+    SamplingParams,
+    distribution,
+    greedy_token,
+    mask_banned,
+    top_probability,
+)
 
 
 class DraftModelDrafter(Drafter):
@@ -27,53 +34,57 @@ class DraftModelDrafter(Drafter):
         self.model = model
         self.target_vocab = target_vocab
         self.p_min = p_min
-        self._sampling = SamplingParams(temperature=0.0)
-        self._rng = np.random.default_rng(0)
+        self._sampler = Sampler(SamplingParams(temperature=0.0), Noise(0))
         self._known_good = 0  # cache positions known to agree with the committed context
 
-    def begin(self, context: list[int], sampling: SamplingParams, rng: np.random.Generator) -> None:
-        self._sampling = sampling
-        self._rng = rng
+    def begin(self, context: list[int], sampler: Sampler) -> None:
+        self._sampler = sampler
         self._known_good = self.model.keep_common_prefix(context)
         if self.model.n_past < len(context) - 1:
             self.model.decode(context[self.model.n_past : -1], outputs="none")
         self._known_good = self.model.n_past
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
-        m, params, width = self.model, self._sampling, self.target_vocab
+        m, sampler, width = self.model, self._sampler, self.target_vocab
+        params = sampler.params
         behind = len(context) - m.n_past  # usually the pending token, and a bonus token before it
         t0 = time.perf_counter()
         rows = m.decode(context[m.n_past :], outputs="last")
         catch_up = time.perf_counter() - t0 if behind > 2 else 0.0
+        m.checkpoint()  # a recurrent draft returns here when drafts are rejected (no-op otherwise)
         tokens: list[int] = []
-        probs: list[np.ndarray] = []
+        probs: list[Dist] = []
         confidence: list[float] = []
         held = None
         for i in range(k):
             row = rows[0] if rows.shape[1] <= width else rows[0, :width]
+            mask_banned(rows, params.banned)
             # Confidence is the draft's top probability, known before its token is drawn: a stop
             # that depended on the drawn token would bias what gets proposed away from q, and the
             # output away from the target's distribution.
-            q = None if params.greedy else process_logits(row, params, out_width=width)
-            top = None  # greedy: a softmax over the vocabulary, only when something looks at it
+            q = None if params.greedy else distribution(row, params, width=width)
+            top = None  # greedy: the top probability only when something looks at it
             if q is not None or self.p_min or gate is not None:
-                top = float(q.max()) if q is not None else _top_probability(row)
+                top = q.top() if q is not None else top_probability(row)
                 if top < self.p_min:
                     break
                 if gate is not None and not gate(i, top):
-                    held = HeldPosition(greedy_token(row, params.banned), q, top)
+                    # What the draft would have proposed here, for scoring against the target's row.
+                    guess = greedy_token(row, params.banned) if q is None or not sampler.same_as_plain else (
+                        sampler.draft_draw(q, len(context) + i, len(context))
+                    )
+                    held = HeldPosition(guess, q, top)
                     break
                 confidence.append(top)
             if q is None:
                 token = greedy_token(row, params.banned)
             else:
-                token = sample(q, self._rng)
+                token = sampler.draft_draw(q, len(context) + i, len(context))
                 probs.append(q)
             tokens.append(token)
             if i + 1 < k:
                 rows = m.decode([token], outputs="last")
-        q_rows = np.stack(probs) if probs else None
-        return Draft(tokens, q_rows, self.name, confidence, held, catch_up)
+        return Draft(tokens, probs or None, self.name, confidence, held, catch_up)
 
     def accept(self, context: list[int]) -> None:
         m = self.model
@@ -94,8 +105,3 @@ class DraftModelDrafter(Drafter):
     def close(self) -> None:
         self.model.close()
 
-
-def _top_probability(row: np.ndarray) -> float:
-    """max softmax(row): the draft's confidence in its greedy token."""
-    m = row.max()
-    return float(1.0 / np.exp(row - m).sum())

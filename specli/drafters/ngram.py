@@ -1,71 +1,120 @@
-"""Prompt-lookup decoding: propose what followed the most recent earlier occurrence of the last n tokens.
+"""Prompt-lookup decoding: propose what most often followed the context's last n tokens before.
 
 No draft model: the proposal is deterministic (a point mass), so the engine accepts a token with
 probability p(x) and, on rejection, samples from p with x removed; greedy accepts while x is argmax.
-Matches are looked up in dictionaries updated incrementally as the context grows, so a round costs
-O(n_max), not a scan of the context.
+
+For each n (n_max down to n_min) the drafter counts which token followed every n-gram of the
+prompt and output so far (updated incrementally as the context grows: O(n_max) per token). A draft
+is built token by token: the longest n-gram ending the context *plus the tokens drafted so far* that
+has a confident continuation gives the next token, the most frequent one (the most recent on a tie).
+Iterating over its own proposals is what lets it draft through periodic text, where the last match
+is one period back and a plain copy of what followed it would be cut off by the end of the context;
+the counts are what keep one stray continuation from outvoting many (as llama.cpp's n-gram cache).
 """
 
 from __future__ import annotations
 
-import numpy as np
+from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition
+from specli.sampling import Sampler
 
-from specli.drafters.base import Draft, Drafter, DraftGate
-from specli.sampling import SamplingParams
+# A continuation is used when seen at least this often and taking this share of what followed the
+# n-gram (index n - 1; llama.cpp's lookup uses the same lax thresholds for its context cache).
+_MIN_COUNT = (2, 2, 1, 1)
+_MIN_SHARE = (0.66, 0.5, 0.5, 0.5)
 
 
 class NGramDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, n_max: int = 3, n_min: int = 1) -> None:
+    def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
         self.n_max, self.n_min = n_max, n_min
-        # _last_end[n][ngram] = the position just after the most recent occurrence of ngram.
-        self._last_end: dict[int, dict[tuple[int, ...], int]] = {}
-        self._indexed = 0  # positions whose preceding n-grams are indexed
-        self.last_match_len = 0  # n of the last successful lookup (0: none), for combined drafting
-        self._last_lookup: tuple[int, int | None, int] | None = None  # (context length, start, n)
+        # _follow[n][ngram] = {next token: [count, last position seen]}
+        self._follow: dict[int, dict[tuple[int, ...], dict[int, list[int]]]] = {}
+        self._indexed = 0  # positions whose preceding n-grams are counted
+        self.last_match_len = 0  # n behind the first token of the last lookup (0: none), for combined
+        # The last lookup: (context length, k asked, proposal, n behind its first token, confidences).
+        self._last: tuple[int, int, list[int], int, list[float]] | None = None
 
-    def begin(self, context: list[int], sampling: SamplingParams, rng: np.random.Generator) -> None:
-        self._last_end = {n: {} for n in range(self.n_min, self.n_max + 1)}
+    def begin(self, context: list[int], sampler: Sampler) -> None:
+        self._follow = {n: {} for n in range(self.n_min, self.n_max + 1)}
         self._indexed = 0
-        self._last_lookup = None
+        self._last = None
 
     def _index(self, context: list[int]) -> None:
-        # Index n-grams ending before the final position only: the final n-gram is the query itself.
-        end = len(context) - 1
-        for pos in range(max(self._indexed, 1), end + 1):
-            for n in range(self.n_min, self.n_max + 1):
-                if pos >= n:
-                    self._last_end[n][tuple(context[pos - n : pos])] = pos
-        self._indexed = end + 1
+        # Count (n-gram -> next token) for every next token already committed.
+        for pos in range(max(self._indexed, 1), len(context)):
+            token = context[pos]
+            for n in range(self.n_min, min(self.n_max, pos) + 1):
+                seen = self._follow[n].setdefault(tuple(context[pos - n : pos]), {})
+                entry = seen.get(token)
+                if entry is None:
+                    seen[token] = [1, pos]
+                else:
+                    entry[0] += 1
+                    entry[1] = pos
+        self._indexed = len(context)
+
+    def _next(self, tail: list[int]) -> tuple[int, int, float] | None:
+        """(token, n, confidence): the confident continuation of the longest n-gram ending `tail`,
+        if any; confidence is its share of what followed, shrunk towards 0 for few sightings."""
+        for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
+            seen = self._follow[n].get(tuple(tail[-n:]))
+            if not seen:
+                continue
+            token, (count, _) = max(seen.items(), key=lambda item: item[1])  # count, then recency
+            total = sum(c for c, _ in seen.values())
+            if count >= _MIN_COUNT[min(n, 4) - 1] and count >= _MIN_SHARE[min(n, 4) - 1] * total:
+                return token, n, count / (total + 1)
+        return None
+
+    def _propose(self, context: list[int], k: int) -> tuple[list[int], list[float]]:
+        """Up to k tokens, each the confident continuation of the context and the tokens before it,
+        with their confidences."""
+        last = self._last
+        if last is not None and last[0] == len(context) and (k <= last[1] or len(last[2]) < last[1]):
+            # The context only grows within a generation, so the same length is the same context as
+            # the last call (next_source, then draft): reuse its proposal (if it was long enough, or
+            # stopped on its own).
+            self.last_match_len = last[3]
+            return last[2][:k], last[4][:k]
+        self._index(context)
+        tail = context[-self.n_max :]
+        proposal: list[int] = []
+        confidence: list[float] = []
+        first_n = 0
+        while len(proposal) < k:
+            found = self._next(tail)
+            if found is None:
+                break
+            token, n, sure = found
+            first_n = first_n or n
+            proposal.append(token)
+            confidence.append(sure)
+            tail = [*tail[1:], token] if len(tail) >= self.n_max else [*tail, token]
+        self.last_match_len = first_n
+        self._last = (len(context), k, proposal, first_n, confidence)
+        return proposal, confidence
 
     def lookup(self, context: list[int], k: int) -> list[int]:
-        """The continuation after the longest (n_max..n_min) most recent match of the context's tail."""
-        if self._last_lookup is not None and self._last_lookup[0] == len(context):
-            # The context only grows within a generation, so the same length is the same context as
-            # the last call (next_source, then draft): reuse its match.
-            _, start, self.last_match_len = self._last_lookup
-            return context[start : start + k] if start is not None else []
-        self._index(context)
-        for n in range(self.n_max, self.n_min - 1, -1):
-            if len(context) < n:
-                continue
-            start = self._last_end[n].get(tuple(context[-n:]))
-            if start is not None and start < len(context):
-                self.last_match_len = n
-                self._last_lookup = (len(context), start, n)
-                return context[start : start + k]
-        self.last_match_len = 0
-        self._last_lookup = (len(context), None, 0)
-        return []
+        """Up to k tokens, each the confident continuation of the context and the tokens before it."""
+        return self._propose(context, k)[0]
 
     def next_source(self, context: list[int]) -> str:
-        """"ngram/n" for a match of n tokens ("ngram/0": none): longer matches are accepted more
-        often, so the policy keeps an acceptance estimate for each length."""
-        self.lookup(context, 1)
-        return f"{self.name}/{self.last_match_len}"
+        self._propose(context, 1)
+        return self.name
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
-        return Draft(self.lookup(context, k), None, self.name)  # no confidence: the gate has no say
+        """The proposal, stopped where the gate says a position no longer pays. Its confidence is a
+        function of the context and the tokens drafted before it, never of a random draw, so a stop
+        keeps sampling exact."""
+        tokens, confidence = self._propose(context, k)
+        held = None
+        if gate is not None:
+            for i, sure in enumerate(confidence):
+                if not gate(i, sure):
+                    held = HeldPosition(tokens[i], None, sure)
+                    tokens, confidence = tokens[:i], confidence[:i]
+                    break
+        return Draft(tokens, None, self.name, confidence, held)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import (
     BarColumn,
@@ -57,12 +58,13 @@ class RichBenchProgress:
 
     def phase(self, name: str, total: int) -> None:
         self._finish_task()
-        self._task = self._progress.add_task(name, total=max(total, 1), detail="")
+        # the columns are markup templates: escape what is filled in (a prompt may be named a[/]b)
+        self._task = self._progress.add_task(escape(name), total=max(total, 1), detail="")
         self._progress.refresh()
 
     def step(self, detail: str = "") -> None:
         if self._task is not None:
-            self._progress.update(self._task, advance=1, detail=detail)
+            self._progress.update(self._task, advance=1, detail=escape(detail))
             self._progress.refresh()
 
     def _finish_task(self) -> None:
@@ -156,11 +158,13 @@ def header(result: BenchResult) -> Panel:
     t.add_column()
     cfg, m = result.config, result.machine
     if result.target:
-        t.add_row("target", f"{Path(result.target.path).name}  ({_count(result.target.n_params)} params, "
-                            f"{_size(result.target.file_bytes)}, vocab {result.target.n_vocab})")
+        # Text cells: file names and prompt names are the user's, never markup
+        target = result.target
+        t.add_row("target", Text(f"{Path(target.path).name}  ({_count(target.n_params)} params, "
+                                 f"{_size(target.file_bytes)}, vocab {target.n_vocab})"))
     if result.draft:
-        t.add_row("draft", f"{Path(result.draft.path).name}  ({_count(result.draft.n_params)} params, "
-                           f"{_size(result.draft.file_bytes)})" + ("  + n-gram" if cfg.ngram else ""))
+        t.add_row("draft", Text(f"{Path(result.draft.path).name}  ({_count(result.draft.n_params)} params, "
+                                f"{_size(result.draft.file_bytes)})" + ("  + n-gram" if cfg.ngram else "")))
     else:
         t.add_row("draft", f"{result.drafter} (prompt lookup, no model)")
     threads = result.target.n_threads if result.target else cfg.n_threads
@@ -224,7 +228,7 @@ def results_table(result: BenchResult, *, compact: bool = False) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False,
                   box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, collapse_padding=compact)
     names = ["T", "k", "plain\ntok/s", "spec\ntok/s", "speedup" if compact else "speedup\nmedian  IQR",
-             "spec\nwon", "accept", "tok/\nround", "pred-\nicted", "effi-\nciency"]
+             "spec\nwon", "accept", "tok/\nround", "pred-\nicted", "effi-\nciency", "same\nas plain"]
     if not compact:
         names.append("draft/verify/\nother %")
     for name in names:
@@ -247,13 +251,23 @@ def results_table(result: BenchResult, *, compact: bool = False) -> Table:
         cells: list[Text | str] = [
             ("★ " if is_best else "") + f"{c.temperature:g}", k_text, *rates, speed, f"{c.wins}/{c.pairs}",
             _pct(c.acceptance_rate), _num(c.tokens_per_round, ".2f"), _num(c.predicted_speedup, ".2f", "×"),
-            _pct(c.efficiency),
+            _pct(c.efficiency), _same(c, result.config.same_as_plain),
         ]
         if not compact:
             cells.append("/".join(_num(None if x is None else 100 * x, ".0f") for x in
                                   (c.draft_share, c.verify_share, c.other_share)))
         table.add_row(*cells, style="bold" if is_best else None)
     return table
+
+
+def _same(c: ConfigResult, same_as_plain: bool) -> Text:
+    """Pairs whose speculative tokens equal the plain run's (greedy, or same-as-plain at any T)."""
+    if not (c.temperature == 0 or same_as_plain):
+        return Text("–", style="dim")
+    text = Text(f"{c.pairs - c.mismatches}/{c.pairs}", style="red" if c.mismatches else "green")
+    if c.first_forks:
+        text.append(f" @{min(c.first_forks)}", style="dim")
+    return text
 
 
 def _fits(console: Console, renderable: Table) -> bool:
@@ -297,7 +311,7 @@ def per_prompt_table(configs: list[ConfigResult]) -> Table:
         table.add_column(f"T{c.temperature:g}\nk{c.k}", justify="right", no_wrap=True)
     names = list(dict.fromkeys(p.prompt for c in configs for p in c.per_prompt))
     for name in names:
-        cells: list[Text | str] = [name]
+        cells: list[Text | str] = [Text(name)]
         for c in configs:
             pr = next((p for p in c.per_prompt if p.prompt == name), None)
             x = pr.speedup.median if pr else None

@@ -17,7 +17,7 @@ def _cell(value: Any, fmt: Any = str) -> Text:
     return Text("—", style="dim") if value is None else Text(fmt(value))
 
 
-def render_models_table(rows: Sequence[dict[str, Any]], title: str | None = None) -> Table:
+def render_models_table(rows: Sequence[dict[str, Any]], title: str | Text | None = None) -> Table:
     """One line per model: name, default draft, what the file is, and whether it is usable."""
     table = Table(title=title, title_justify="left", header_style="bold", expand=False)
     table.add_column("name", style="bold cyan", no_wrap=True)

@@ -87,7 +87,7 @@ def histogram(stats: GenerationStats, width: int = 30) -> Table:
     return table
 
 
-def stats_panel(stats: GenerationStats, *, title: str = "speculation") -> Panel:
+def stats_panel(stats: GenerationStats, *, title: str | Text = "speculation") -> Panel:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="dim")
     t.add_column(justify="right")
@@ -126,6 +126,8 @@ def stats_panel(stats: GenerationStats, *, title: str = "speculation") -> Panel:
         "predicted speedup",
         "n/a" if predicted is None else f"{predicted:.2f}×",
     )
+    if stats.sampling_mode:
+        t.add_row("sampling", stats.sampling_mode, "seed", "n/a" if stats.seed is None else str(stats.seed))
     if stats.accepted_by_drafter and len(stats.accepted_by_drafter) > 1:
         t.add_row(
             "accepted by drafter",
@@ -176,5 +178,7 @@ def stats_lines(stats: GenerationStats) -> str:
         "overhead_fraction",
         "predicted_speedup",
         "stop_reason",
+        "sampling_mode",
+        "seed",
     ]
     return "\n".join(f"{k}: {d[k]}" for k in keys)

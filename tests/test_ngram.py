@@ -1,0 +1,63 @@
+"""The n-gram drafter's lookup rules, on token lists (no model needed: lookup is pure bookkeeping)."""
+
+from __future__ import annotations
+
+from specli.drafters.ngram import NGramDrafter
+from specli.sampling import Noise, Sampler, SamplingParams
+
+
+def drafter(context: list[int], **kw) -> NGramDrafter:
+    d = NGramDrafter(**kw)
+    d.begin(context, Sampler(SamplingParams(temperature=0.0), Noise(0)))
+    return d
+
+
+def test_drafts_a_whole_period_of_repeating_text() -> None:
+    """The last match of a periodic text is one period back: a copy of what followed it would stop
+    at the end of the context after a token; drafting over its own proposals goes on."""
+    context = [7, 1, 2, 3] * 4 + [7, 1]
+    assert drafter(context).lookup(context, 8) == [2, 3, 7, 1, 2, 3, 7, 1]
+
+
+def test_a_run_of_one_token_is_drafted_as_far_as_asked() -> None:
+    context = [5, 6] + [9] * 6
+    assert drafter(context).lookup(context, 12) == [9] * 12
+
+
+def test_the_most_frequent_continuation_wins_not_the_most_recent() -> None:
+    # After (1, 2, 3): 4 three times, 5 once (most recently).
+    context = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 5, 0, 1, 2, 3]
+    d = drafter(context)
+    assert d.lookup(context, 1) == [4]
+    assert d.last_match_len == 3  # (0, 1, 2, 3) is new: (1, 2, 3) is the longest n-gram seen before
+    assert d.next_source(context) == "ngram"
+
+
+def test_unconfident_short_matches_are_not_proposed() -> None:
+    # A 1-gram seen once is not enough (at least 2 sightings for n = 1), and no longer n-gram matches.
+    context = [1, 2, 3, 4, 5, 6, 3]
+    d = drafter(context)
+    assert d.lookup(context, 4) == []
+    assert d.last_match_len == 0
+    # Seen twice, always followed by the same token: proposed.
+    context = [3, 9, 5, 3, 9, 6, 3]
+    assert drafter(context).lookup(context, 1) == [9]
+
+
+def test_a_split_continuation_below_the_share_is_not_proposed() -> None:
+    # After 1: 2, 3, 4 once each (33 % each) -> no 1-gram proposal.
+    context = [1, 2, 1, 3, 1, 4, 1]
+    assert drafter(context).lookup(context, 2) == []
+
+
+def test_counts_follow_the_growing_context_and_cached_lookups_agree() -> None:
+    context = [1, 2, 3, 1, 2]
+    d = drafter(context)
+    assert d.lookup(context, 3) == []  # a 2-gram seen once is not enough (3- and 4-grams: once is)
+    context += [3, 1, 2]
+    assert d.lookup(context, 3) == [3, 1, 2]
+    assert d.lookup(context, 1) == [3]  # the same context: reused
+    context += [7, 5, 1, 2]
+    assert d.lookup(context, 1) == [3]  # (5, 1, 2) is new; (1, 2) -> 3, 3, 7: the frequent one wins
+    context += [7, 5, 1, 2]
+    assert d.lookup(context, 1) == [7]  # (7, 5, 1, 2) seen once, followed by 7: the longest match

@@ -1,0 +1,130 @@
+"""Seeds reproduce runs, and `same_as_plain` speculation prints exactly what plain decoding prints.
+
+Every random number is keyed by (seed, position, purpose, token id), so what a run prints cannot
+depend on how many tokens a round drafted or on anything timing decides: these tests vary k, the
+drafter and the policy and require the very same tokens.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from specli import GenerationParams, SamplingParams, TokenEvent, load
+from specli.llama import Model, ModelOptions
+from specli.sampling import Noise, distribution
+
+PROMPT = "Once upon a time"
+# A prompt that repeats, so n-gram lookup really proposes tokens.
+REPEATING = "the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat"
+TEMP1 = SamplingParams(temperature=1.0)
+DEFAULTS = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+
+
+def tokens(spec, prompt: str, **kw) -> list[int]:
+    return [e.token for e in spec.generate(prompt, GenerationParams(**kw)) if isinstance(e, TokenEvent)]
+
+
+def plain(target, prompt: str, seeds, **kw) -> dict[int, list[int]]:
+    with load(target, None, n_ctx=512, n_threads=1) as spec:
+        return {seed: tokens(spec, prompt, seed=seed, **kw) for seed in seeds}
+
+
+@pytest.mark.parametrize("sampling", [TEMP1, DEFAULTS], ids=["temp1", "defaults"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "combined"])
+def test_same_as_plain_prints_what_plain_prints(fixture_models, drafter, sampling) -> None:
+    seeds = range(4)
+    prompt = REPEATING if drafter == "ngram" else PROMPT
+    expected = plain(fixture_models.target, prompt, seeds, max_tokens=48, sampling=sampling)
+    draft = "ngram" if drafter == "ngram" else fixture_models.draft
+    for k in (1, 3, 8, "auto"):
+        drafted = accepted = 0
+        with load(fixture_models.target, draft, n_ctx=512, n_threads=1, ngram=drafter == "combined") as spec:
+            for seed in seeds:
+                got = tokens(spec, prompt, seed=seed, max_tokens=48, sampling=sampling, draft_max=k)
+                assert got == expected[seed], f"k={k} seed={seed}"
+                assert spec.stats.sampling_mode == "same-as-plain" and spec.stats.seed == seed
+                drafted += spec.stats.drafted
+                accepted += spec.stats.accepted
+        if k != "auto":
+            # Not a vacuous identity: drafts were made, some accepted and some rejected.
+            assert drafted > 0 and 0 < accepted < drafted, (k, drafted, accepted)
+
+
+def test_same_as_plain_on_the_real_trained_pair(shared_models) -> None:
+    seeds = range(4)
+    expected = plain(shared_models.target, PROMPT, seeds, max_tokens=64, sampling=TEMP1)
+    for k in (2, 5, "auto"):
+        with load(shared_models.target, shared_models.draft, n_ctx=512, n_threads=1) as spec:
+            for seed in seeds:
+                got = tokens(spec, PROMPT, seed=seed, max_tokens=64, sampling=TEMP1, draft_max=k)
+                assert got == expected[seed], f"k={k} seed={seed}"
+
+
+def test_a_seed_pins_the_output_whatever_k_and_the_policy_choose(fixture_models) -> None:
+    """The same seed gives the same tokens under every k: so whatever auto picks (from timings, on a
+    loaded or an idle machine), the output cannot change. Different seeds differ."""
+    runs = []
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        for k in (0, 1, 2, 5, 12, "auto", "auto"):
+            runs.append(tokens(spec, PROMPT, seed=99, max_tokens=40, sampling=TEMP1, draft_max=k))
+        other = tokens(spec, PROMPT, seed=100, max_tokens=40, sampling=TEMP1)
+    assert all(run == runs[0] for run in runs)
+    assert other != runs[0]
+
+
+def test_rejection_mode_reproduces_at_a_fixed_k(fixture_models) -> None:
+    """The classic rule (higher acceptance for a draft model) draws from keyed noise too: a seed
+    reproduces a run at a fixed k, but what it prints differs from plain decoding."""
+    params = dict(max_tokens=40, sampling=TEMP1, seed=5, draft_max=3, same_as_plain=False)
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        a = tokens(spec, PROMPT, **params)
+        assert spec.stats.sampling_mode == "rejection"
+        b = tokens(spec, PROMPT, **params)
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [TEMP1, SamplingParams(temperature=1.0, top_k=20, top_p=0.98)],
+    ids=["whole-vocabulary", "filtered"],
+)
+def test_plain_keyed_sampling_follows_the_target_distribution(fixture_models, sampling) -> None:
+    """Plain decoding draws argmax(log p + g) with keyed Gumbel noise (block-built over the whole
+    vocabulary, per id over a filtered support): over many seeds the first token follows p exactly
+    (total variation under a simulated 99.9 % null threshold)."""
+    trials = 3000
+    with Model(fixture_models.target, ModelOptions(n_ctx=256, n_threads=1)) as ref:
+        prompt = ref.tokenize("She said")
+        p = distribution(ref.decode(prompt, outputs="last")[0], sampling).dense().astype(np.float64)
+    counts: Counter = Counter()
+    with load(fixture_models.target, None, n_ctx=256, n_threads=1) as spec:
+        for seed in range(trials):
+            counts[tokens(spec, "She said", seed=seed, max_tokens=1, sampling=sampling)[0]] += 1
+    assert (p > 0.04).sum() >= 4  # a real distribution, not a point mass
+    freq = np.zeros_like(p)
+    for t, c in counts.items():
+        freq[t] = c / trials
+    sims = np.random.default_rng(5).multinomial(trials, p / p.sum(), size=400) / trials
+    threshold = float(np.quantile(0.5 * np.abs(sims - p).sum(axis=1), 0.999))
+    assert 0.5 * np.abs(freq - p).sum() < threshold
+
+
+@pytest.mark.parametrize("kind", ["per-id", "blocked"])
+def test_keyed_noise_is_gumbel_and_independent_of_the_ids_asked_together(kind) -> None:
+    noise = Noise(7)
+    gumbel = noise.gumbel if kind == "per-id" else noise.gumbel_blocked
+    ids = np.array([3, 255, 256, 70_000, 262_143])
+    together = gumbel(11, ids, 0)
+    alone = np.array([gumbel(11, ids[i : i + 1], 0)[0] for i in range(ids.shape[0])])
+    np.testing.assert_array_equal(together, alone)
+    assert not np.array_equal(gumbel(12, ids, 0), together)  # positions differ
+    assert not np.array_equal(gumbel(11, ids, 1), together)  # purposes differ
+    # Within one block and across blocks: Gumbel(0) (Kolmogorov-Smirnov at the 0.1 % level).
+    for spread in (np.arange(256), np.arange(0, 8192, 3)):
+        sample = np.sort(np.concatenate([gumbel(pos, spread, 0) for pos in range(150)]))
+        cdf = np.exp(-np.exp(-sample))
+        ks = np.abs(cdf - np.arange(1, sample.shape[0] + 1) / sample.shape[0]).max()
+        assert ks < 1.95 / np.sqrt(sample.shape[0])
