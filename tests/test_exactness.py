@@ -8,8 +8,9 @@ that it lies at least 3 null thresholds from the target's: the test could tell e
 the exact rule. Only then does it compare what the engine emitted, over many seeded generations,
 with the target's distribution. Thresholds are the 0.999 quantile of TV for as many draws from p.
 
-Everything is seeded and nothing depends on timing: fixed k, and for auto a fresh cost model per
-generation, with which the first round is plain and the second drafts two positions.
+The rejection rule is tested (same_as_plain=False); the engine's default, same-as-plain verification,
+is checked at position 1 too. Everything is seeded and nothing depends on timing: fixed k, and for
+auto a fresh cost model per generation, with which the first round is plain and the second drafts.
 """
 
 from __future__ import annotations
@@ -74,16 +75,24 @@ def run_trials(
     draft_max: int | str,
     max_tokens: int,
     fresh_costs: bool = False,
+    same_as_plain: bool = False,
 ) -> list[Trial]:
     """Generations with seeds 0..trials-1. EOG tokens are banned (ignore_eos), so every generation
     has max_tokens tokens; the reference rows ban them too. fresh_costs: auto starts from an empty
-    cost model each time (its choices then do not depend on earlier generations' timings)."""
+    cost model each time (its choices then do not depend on earlier generations' timings).
+    same_as_plain: False (here the default) verifies by the rejection rule, which the wrong rules
+    vary; True verifies drafts against the target's own keyed draw (the engine's default)."""
     out = []
     for seed in range(trials):
         if fresh_costs:
             spec.engine.costs = CostModel()
         params = GenerationParams(
-            max_tokens=max_tokens, sampling=UNFILTERED, seed=seed, draft_max=draft_max, ignore_eos=True
+            max_tokens=max_tokens,
+            sampling=UNFILTERED,
+            seed=seed,
+            draft_max=draft_max,
+            ignore_eos=True,
+            same_as_plain=same_as_plain,
         )
         trial = Trial()
         for e in spec.generate(prompt, params):
@@ -171,15 +180,21 @@ def unless(ok: bool, failure: str) -> str | None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_draft_model_first_position(fixture_models, rows: Rows) -> None:
-    """k = 1: position 1 is the round's draft, accepted with min(1, p/q), else drawn from the residual."""
+@pytest.mark.parametrize("same_as_plain", [False, True], ids=["rejection-rule", "same-as-plain"])
+def test_draft_model_first_position(fixture_models, rows: Rows, same_as_plain: bool) -> None:
+    """k = 1: position 1 is the round's draft, accepted with min(1, p/q), else drawn from the residual
+    (the rejection rule); or accepted when it equals the target's own keyed draw (same-as-plain, whose
+    plausible wrong rule is trusting the draft: emitting q)."""
     prompt = rows.tokenize(FIRST_PROMPT)
     p1, q1 = rows.p(prompt), rows.q(prompt)
     assert_mid_range(position_law(p1, q1).acceptance, "position 1")
-    wrong = {rule: position_law(p1, q1, rule=rule).total for rule in POSITION_RULES}
+    if same_as_plain:
+        wrong = {"the draft's token unchecked": q1}
+    else:
+        wrong = {rule: position_law(p1, q1, rule=rule).total for rule in POSITION_RULES}
 
     with load(fixture_models.target, fixture_models.draft, n_ctx=N_CTX, n_threads=1) as spec:
-        trials = run_trials(spec, prompt, 1500, draft_max=1, max_tokens=2)
+        trials = run_trials(spec, prompt, 1500, draft_max=1, max_tokens=2, same_as_plain=same_as_plain)
     assert_no_failure(
         tv_failure((t.tokens[0] for t in trials), p1, wrong, "position 1"),
         unless(all(t.rounds[0].k == 1 and t.rounds[0].drafter == "draft" for t in trials), "no draft"),
