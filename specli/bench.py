@@ -41,7 +41,7 @@ from specli.fileio import atomic_write_text
 from specli.llama import Model, ModelOptions
 from specli.options import temperature_problem
 from specli.policy import AutoK
-from specli.sampling import SamplingParams
+from specli.sampling import DEFAULT_SAMPLING, SamplingParams
 from specli.stats import GenerationStats, expected_tokens_per_round
 
 NGRAM = "ngram"
@@ -229,9 +229,9 @@ class BenchConfig:
     n_gpu_layers: int = 0
     seed: int = 0
     same_as_plain: bool = True  # drafts verified against the target's own keyed draw (see sampling)
-    top_k: int = 40  # the sampling filters of `specli run`, so bench measures what run does
-    top_p: float = 0.95
-    min_p: float = 0.05
+    top_k: int = DEFAULT_SAMPLING.top_k  # the filters of `specli run`, so bench measures what run does
+    top_p: float = DEFAULT_SAMPLING.top_p
+    min_p: float = DEFAULT_SAMPLING.min_p
     draft_p_min: float = 0.0
     ngram: bool = False  # with a draft model: combined drafting (n-gram matches first)
     # As llama-bench: every run generates exactly max_tokens, so plain and speculative runs compare

@@ -34,7 +34,7 @@ from specli.events import DoneEvent, Event, PromptEvent, TokenEvent
 from specli.fileio import atomic_write_text
 from specli.llama import LlamaError, Model
 from specli.options import temperature_problem, valid_text
-from specli.sampling import SamplingParams
+from specli.sampling import DEFAULT_SAMPLING, SamplingParams
 from specli.stats import GenerationStats
 from specli.ui.console import make_console
 
@@ -74,10 +74,10 @@ class ChatOptions:
 
     system: str | None = None
     max_tokens: int = 512
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
+    temperature: float = DEFAULT_SAMPLING.temperature
+    top_k: int = DEFAULT_SAMPLING.top_k
+    top_p: float = DEFAULT_SAMPLING.top_p
+    min_p: float = DEFAULT_SAMPLING.min_p
     draft_max: int | str = "auto"
     seed: int | None = None  # None: random; otherwise turn i uses seed + i (reproducible sessions)
     same_as_plain: bool = True  # a seeded session prints what plain decoding would (see sampling)

@@ -15,7 +15,16 @@ from rich.text import Text
 
 from specli.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageProblem, friendly_errors
 from specli.events import TokenEvent
-from specli.options import check_values, decode_input, parse_draft_max, valid_text
+from specli.options import (
+    DEFAULT_MIN_P,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    check_values,
+    decode_input,
+    parse_draft_max,
+    valid_text,
+)
 from specli.ui.console import make_console
 
 app = typer.Typer(
@@ -55,11 +64,13 @@ DraftPMinOpt = typer.Option(
 NgramOpt = typer.Option(
     False, "--ngram", help="With a draft model: use n-gram matches first (combined drafting)."
 )
-TempOpt = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 is greedy.")
-TopKOpt = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (0: off).")
-TopPOpt = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass, in (0, 1] (1: off).")
+TempOpt = typer.Option(DEFAULT_TEMPERATURE, "--temp", min=0.0, help="Temperature; 0 is greedy.")
+TopKOpt = typer.Option(DEFAULT_TOP_K, "--top-k", min=0, help="Keep the k most likely tokens (0: off).")
+TopPOpt = typer.Option(
+    DEFAULT_TOP_P, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass, in (0, 1] (1: off)."
+)
 MinPOpt = typer.Option(
-    0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below P × the top probability (0: off)."
+    DEFAULT_MIN_P, "--min-p", min=0.0, max=1.0, help="Drop tokens below P × the top probability (0: off)."
 )
 SeedOpt = typer.Option(
     None, "-s", "--seed", help="Random seed (default or -1: random; the one used is in --json)."

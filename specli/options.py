@@ -18,6 +18,11 @@ MAX_CONTEXT = 2**32 - 256
 MAX_SEED = 2**32 - 1
 RANDOM_SEED = -1  # llama.cpp's `-s -1`: a random seed (LLAMA_DEFAULT_SEED)
 MAX_DRAFT_K = 64
+# llama.cpp's default sampler settings, and every front end's (sampling.DEFAULT_SAMPLING holds them).
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 40
+DEFAULT_TOP_P = 0.95
+DEFAULT_MIN_P = 0.05
 
 
 def temperature_problem(t: float) -> str | None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specli.options import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+
 # Ids are grouped in fixed blocks of this many: a block's maximum logit bounds all of its ids.
 BLOCK = 256
 _LOG_BLOCK = math.log(BLOCK)
@@ -55,6 +57,13 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+# llama.cpp's default sampler settings, and the command line's: the figures to quote as "default
+# sampling". (SamplingParams() itself filters nothing: an API caller opts into each filter.)
+DEFAULT_SAMPLING = SamplingParams(
+    temperature=DEFAULT_TEMPERATURE, top_k=DEFAULT_TOP_K, top_p=DEFAULT_TOP_P, min_p=DEFAULT_MIN_P
+)
 
 
 # -- keyed noise ---------------------------------------------------------------------------------------
@@ -326,21 +335,20 @@ class Dist:
         s = self.scores
         if self._block_max is None:
             self._block_max = _block_max(s)
-        blocks = np.arange(self._block_max.shape[0])
-        bound = self._block_max + noise.block_gumbel(position, blocks, family, salt)
-        best, best_value = -1, -math.inf
-        # Blocks in order of the most any of their ids could score; stop when none can beat the best.
-        for b in np.argsort(-bound, kind="stable"):
-            if bound[b] <= best_value:
-                break
-            ids = np.arange(b * BLOCK, min((b + 1) * BLOCK, s.shape[0]))
-            values = s[ids] + noise.gumbel_blocked(position, ids, family, salt)
-            i = int(np.argmax(values))
-            if values[i] > best_value:
-                best, best_value = int(ids[i]), float(values[i])
-        if best < 0:
+        n_blocks = self._block_max.shape[0]
+        bound = self._block_max + noise.block_gumbel(position, np.arange(n_blocks), family, salt)
+        # The top-scoring id's own value is a floor for the winner's: only blocks whose bound (their
+        # best score plus their largest noise) beats it can hold the winner. All of them are
+        # evaluated at once; usually a handful.
+        top = int(np.argmax(s))
+        floor = float(s[top] + noise.gumbel_blocked(position, np.array([top]), family, salt)[0])
+        blocks = np.flatnonzero(bound >= floor)
+        if not math.isfinite(floor) or blocks.shape[0] == 0:
             raise SamplingError("nothing left to sample: the distribution has no mass")
-        return best
+        ids = (blocks[:, None] * BLOCK + np.arange(BLOCK)).ravel()
+        ids = ids[ids < s.shape[0]]
+        values = s[ids] + noise.gumbel_blocked(position, ids, family, salt)
+        return int(ids[np.argmax(values)])
 
     def _aligned(self, other: Dist) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """(ids, p, q): both distributions' probabilities over the union of their supports."""

