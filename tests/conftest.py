@@ -6,11 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import SHARED_MODELS_DIR
 
 from specli.synth import FixtureModels, build_fixture_models
-
-# ../shared/models beside the repository: only on the development machine, never in a user's clone.
-SHARED_MODELS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import typer
 from rich.console import Console
+from support import SHARED_MODELS_DIR as SHARED_MODELS
+from support import write_gguf
 from typer.testing import CliRunner
 
 from specli import config as config_mod
@@ -24,7 +26,6 @@ from specli.config import (
 from specli.ui.models_table import render_models_table
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MODELS = REPO.parent / "shared" / "models"
 
 
 def write(path: Path, text: str) -> Path:
@@ -34,16 +35,8 @@ def write(path: Path, text: str) -> Path:
 
 
 def tiny_gguf(path: Path) -> Path:
-    """A small valid GGUF, made by test_gguf_info's writer (loaded by file path: tests/ is no package)."""
-    import importlib.util
-
-    writer_file = Path(__file__).with_name("test_gguf_info.py")
-    spec = importlib.util.spec_from_file_location("_gguf_writer", writer_file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return module.write_gguf(path)
+    return write_gguf(path)
 
 
 def config_error(path: Path) -> ConfigError:

@@ -1,44 +1,24 @@
-"""The engine on real llama.cpp inference: greedy equivalence, exact sampling, rollback, vocabulary check."""
+"""The engine on real llama.cpp inference: greedy equivalence, rollback, events, vocabulary check.
+
+Exact sampling (the output distribution) is tested in test_exactness.py."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import pytest
+from support import PROMPT, plain_greedy
 
 from specli import GenerationParams, SamplingParams, TokenEvent, load
 from specli.compat import VocabMismatchError, check_vocab
 from specli.events import DoneEvent, Origin, RejectedEvent, RoundEvent
 from specli.llama import Model, ModelOptions
-from specli.sampling import process_logits
 
-PROMPT = "Once upon a time"
 GREEDY = SamplingParams(temperature=0.0)
 
 
 def generate(spec, prompt, **kw) -> tuple[list[int], list]:
     events = list(spec.generate(prompt, GenerationParams(**kw)))
     return [e.token for e in events if isinstance(e, TokenEvent)], events
-
-
-def plain_greedy(model_path, prompt: str, n: int) -> list[int]:
-    """Reference: the target's own greedy decoding, one token per llama_decode, no engine involved."""
-    with Model(model_path, ModelOptions(n_ctx=512, n_threads=1)) as m:
-        tokens = m.tokenize(prompt)
-        rows = m.decode(tokens, outputs="last")
-        out = []
-        for _ in range(n):
-            t = int(np.argmax(rows[0]))
-            if m.is_eog(t):
-                break
-            out.append(t)
-            rows = m.decode([t], outputs="last")
-        return out
-
-
-def pairs(fixture_models):
-    return [(fixture_models.target, fixture_models.draft)]
 
 
 @pytest.mark.parametrize("draft_max", [1, 2, 4, 8, "auto"])
@@ -134,91 +114,6 @@ def test_vocabulary_mismatch_is_refused(fixture_models) -> None:
     ):
         report = check_vocab(t, d)
         assert report.ok and report.checked_token_texts > 0
-
-
-# -- exact sampling on real models ------------------------------------------------------------------
-
-
-def _tv(a: np.ndarray, b: np.ndarray) -> float:
-    return 0.5 * float(np.abs(a - b).sum())
-
-
-def _null_threshold(p: np.ndarray, n: int) -> float:
-    sims = np.random.default_rng(5).multinomial(n, p / p.sum(), size=400) / n
-    return float(np.quantile(0.5 * np.abs(sims - p).sum(axis=1), 0.999))
-
-
-@pytest.mark.parametrize(("drafter", "draft_max"), [("model", 3), ("ngram", 3), ("model", "auto")])
-def test_sampled_tokens_follow_the_target_distribution(fixture_models, drafter, draft_max) -> None:
-    """Positions 1 and 2 of many seeded generations against the target's exact distributions."""
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    trials = 1500
-    with Model(fixture_models.target, ModelOptions(n_ctx=256, n_threads=1)) as ref:
-        prompt = ref.tokenize(PROMPT)
-        p1 = process_logits(ref.decode(prompt, outputs="last")[0], params)
-
-    firsts, seconds = Counter(), Counter()
-    drafted, draft_seconds = 0, 0.0
-    draft = "ngram" if drafter == "ngram" else fixture_models.draft
-    with load(fixture_models.target, draft, n_ctx=256, n_threads=1) as spec:
-        for seed in range(trials):
-            got, _ = generate(spec, prompt, max_tokens=4, sampling=params, seed=seed, draft_max=draft_max)
-            firsts[got[0]] += 1
-            seconds[tuple(got[:2])] += 1
-            drafted += spec.stats.drafted
-            draft_seconds += spec.stats.draft_seconds
-        # the draft model took part: drafts at fixed k; drafts or shadow proposals with auto
-        assert drafted > 0 or drafter == "ngram" or (draft_max == "auto" and draft_seconds > 0)
-    freq1 = np.zeros_like(p1)
-    for t, c in firsts.items():
-        freq1[t] = c / trials
-    assert _tv(freq1, p1) < _null_threshold(p1, trials)
-
-    # Position 2, given the most frequent first token: against p(. | prompt, t1).
-    t1 = max(firsts, key=firsts.get)
-    n_cond = firsts[t1]
-    with Model(fixture_models.target, ModelOptions(n_ctx=256, n_threads=1)) as ref:
-        p2 = process_logits(ref.decode([*prompt, t1], outputs="last")[0], params)
-    freq2 = np.zeros_like(p2)
-    for (a, b), c in seconds.items():
-        if a == t1:
-            freq2[b] += c / n_cond
-    assert _tv(freq2, p2) < _null_threshold(p2, n_cond)
-
-
-def test_draft_p_min_keeps_sampling_exact(fixture_models) -> None:
-    """A draft that stops on low confidence stays exact only if the stop does not depend on the token
-    it would propose. Gating on the sampled token's own probability (the draft's top token has 0.37
-    here, its second 0.15) biased position 1 by 0.047 in total variation, 3x the null threshold at
-    6000 trials; gating on the top probability leaves it exact."""
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    trials = 6000
-    with Model(fixture_models.target, ModelOptions(n_ctx=256, n_threads=1)) as ref:
-        prompt = ref.tokenize("Hello")
-        p1 = process_logits(ref.decode(prompt, outputs="last")[0], params)
-    firsts: Counter = Counter()
-    drafted = 0
-    with load(fixture_models.target, fixture_models.draft, n_ctx=256, n_threads=1, draft_p_min=0.1) as spec:
-        for seed in range(trials):
-            got, events = generate(spec, prompt, max_tokens=2, sampling=params, seed=seed, draft_max=1)
-            firsts[got[0]] += 1
-            drafted += next(e.k for e in events if isinstance(e, RoundEvent))
-    assert drafted > trials // 2  # the draft took part
-    freq1 = np.zeros_like(p1)
-    for t, c in firsts.items():
-        freq1[t] = c / trials
-    assert _tv(freq1, p1) < _null_threshold(p1, trials)
-
-
-def test_draft_distribution_differs_from_target(fixture_models) -> None:
-    """Power check for the test above: the draft is far enough from the target to be caught."""
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    opts = ModelOptions(n_ctx=256, n_threads=1)
-    with Model(fixture_models.target, opts) as t, Model(fixture_models.draft, opts) as d:
-        prompt = t.tokenize(PROMPT)
-        p = process_logits(t.decode(prompt, outputs="last")[0], params)
-        q = process_logits(d.decode(prompt, outputs="last")[0], params, out_width=p.shape[0])
-    assert _tv(p, q) > 3 * _null_threshold(p, 1500)
 
 
 def test_auto_k_keeps_estimates_per_proposer_when_combined(fixture_models) -> None:

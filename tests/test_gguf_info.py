@@ -10,6 +10,10 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+from support import BYTE_TOKENS, DEFAULT_TOKENS, N_VOCAB, OMIT, write_gguf
+from support import SHARED_MODELS_DIR as SHARED_MODELS
+from support import STORIES_DRAFT as DRAFT
+from support import STORIES_TARGET as STORIES
 
 from specli import gguf_info
 from specli.gguf_info import (
@@ -23,75 +27,6 @@ from specli.gguf_info import (
     read_gguf_info,
     validate_gguf,
 )
-
-SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
-STORIES = SHARED_MODELS / "stories260K.gguf"
-DRAFT = SHARED_MODELS / "llama2xs-279K-draft.gguf"
-
-OMIT = object()  # pass as a keyword to leave that metadata key out
-# An SPM vocabulary needs a token for each of the 256 bytes (llama.cpp spells unknown text as bytes).
-BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
-DEFAULT_TOKENS = ["<unk>", "<s>", "</s>", *BYTE_TOKENS] + [f"t{i}" for i in range(29)]
-N_VOCAB = len(DEFAULT_TOKENS)  # 288
-
-
-def write_gguf(
-    path: Path,
-    arch: str = "llama",
-    *,
-    n_layer: Any = 2,
-    n_embd: Any = 16,
-    n_head: Any = 4,
-    n_head_kv: Any = 2,
-    ctx: Any = 128,
-    tokens: Any = None,
-    tokenizer: Any = "llama",
-    bos: Any = 1,
-    eos: Any = 2,
-    layers: int | None = None,
-    embd_shape: tuple[int, int] | None = None,
-    tensors: bool = True,
-    extra: dict[str, Any] | None = None,
-    alignment: int | None = None,
-) -> Path:
-    """A tiny GGUF: token_embd, output_norm and one blk.N.attn_norm per layer, all F32."""
-    if tokens is None:
-        tokens = DEFAULT_TOKENS
-    w = gguf.GGUFWriter(path, arch)
-    if alignment is not None:
-        w.add_custom_alignment(alignment)
-    w.add_name("tiny test model")
-    for value, add in (
-        (n_layer, w.add_block_count), (n_embd, w.add_embedding_length), (n_head, w.add_head_count),
-        (n_head_kv, w.add_head_count_kv), (ctx, w.add_context_length), (tokenizer, w.add_tokenizer_model),
-        (tokens, w.add_token_list), (bos, w.add_bos_token_id), (eos, w.add_eos_token_id),
-    ):
-        if value is not OMIT:
-            add(value)
-    w.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for key, value in (extra or {}).items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_array(key, value)
-    if tensors:
-        n_vocab = len(tokens) if tokens is not OMIT else N_VOCAB
-        emb_rows, emb_cols = embd_shape or (n_vocab, n_embd if isinstance(n_embd, int) else 16)
-        w.add_tensor("token_embd.weight", np.zeros((emb_rows, emb_cols), dtype=np.float32))
-        w.add_tensor("output_norm.weight", np.ones(emb_cols, dtype=np.float32))
-        n_blocks = layers if layers is not None else (n_layer if isinstance(n_layer, int) else 2)
-        for i in range(n_blocks):
-            w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(emb_cols, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def error_of(path: Path) -> str:

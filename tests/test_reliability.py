@@ -26,7 +26,7 @@ import gguf
 import llama_cpp
 import numpy as np
 import pytest
-from test_gguf_info import write_gguf
+from support import write_gguf
 
 from specli import GenerationParams, SamplingParams, TokenEvent, load
 from specli import llama as specli_llama

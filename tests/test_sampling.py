@@ -7,6 +7,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from support import (
+    BONUS_ROW,
+    EXACT,
+    PMIN_SAMPLED,
+    RESAMPLE_P,
+    RESAMPLE_Q,
+    UNNORMALISED,
+    assert_power,
+    bonus_law,
+    empirical,
+    null_tv_threshold,
+    position_law,
+    tv,
+)
 
 from specli.drafters.base import Draft
 from specli.engine import speculative_step
@@ -123,47 +137,187 @@ def test_residual_distribution() -> None:
 
 
 # -- the exact rule, statistically ------------------------------------------------------------------
+# speculative_step on fixed synthetic rows, against the exact law of every position it emits, and the
+# same statistic applied to the plausible wrong rules (implemented below) must fail for each of them.
+
+UNFILTERED = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+STEP_TRIALS = 8000
+ZERO_MASS = 7  # a token the target never emits and the draft likes
 
 
-def _tv(a: np.ndarray, b: np.ndarray) -> float:
-    return 0.5 * float(np.abs(a - b).sum())
+def _synthetic_rows(k: int = 3, vocab: int = 12) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(target logits (k + 1, vocab), target p, draft q (k, vocab)): q is p blurred, so that about
+    half the draft tokens pass (acceptance 0.67, 0.64, 0.51); the draft gives ZERO_MASS some mass."""
+    rng = np.random.default_rng(116)
+    target_logits = rng.standard_normal((k + 1, vocab)).astype(np.float32) * 2
+    draft_logits = (target_logits[:k] + rng.standard_normal((k, vocab)) * 1.5).astype(np.float32)
+    target_logits[:, ZERO_MASS] = -np.inf
+    draft_logits[:, ZERO_MASS] = 1.0
+    p = np.stack([process_logits(r, UNFILTERED) for r in target_logits])
+    q = np.stack([process_logits(r, UNFILTERED) for r in draft_logits])
+    return target_logits, p, q
 
 
-def _null_tv_threshold(p: np.ndarray, n: int, rng: np.random.Generator, quantile: float = 0.999) -> float:
-    """TV distance between p and an empirical distribution of n draws from p, at a high quantile."""
-    sims = rng.multinomial(n, p / p.sum(), size=400) / n
-    return float(np.quantile(0.5 * np.abs(sims - p).sum(axis=1), quantile))
+# The wrong rules: each replaces one piece of the exact step. A replacement draw takes
+# (p row, q row or None for a point mass, rejected token, rng).
+
+
+def _exact_replacement(p: np.ndarray, q: np.ndarray | None, token: int, rng: np.random.Generator) -> int:
+    return sample(residual_distribution(p, q, token), rng)
+
+
+def _replacement_from_p(p: np.ndarray, q: np.ndarray | None, token: int, rng: np.random.Generator) -> int:
+    return sample(p, rng)
+
+
+def _replacement_from_q(p: np.ndarray, q: np.ndarray | None, token: int, rng: np.random.Generator) -> int:
+    return token if q is None else sample(q, rng)
+
+
+def _replacement_unnormalised(
+    p: np.ndarray, q: np.ndarray | None, token: int, rng: np.random.Generator
+) -> int:
+    if q is None:
+        r = p.copy()
+        r[token] = 0.0
+    else:
+        r = np.maximum(p - q, 0.0)
+    # The residual's CDF searched with a uniform on [0, 1), as if r summed to 1; an overshoot is
+    # clamped to the last id with mass (as specli's sampler does).
+    idx = min(int(np.searchsorted(np.cumsum(r), rng.random(), side="right")), r.shape[0] - 1)
+    while r[idx] == 0 and idx > 0:
+        idx -= 1
+    return idx
+
+
+def _rule_step(
+    p: np.ndarray,
+    draft: Draft,
+    rng: np.random.Generator,
+    replacement=_exact_replacement,
+    bonus_offset: int = 0,
+) -> list[int]:
+    """The accept/reject round written out token by token, with a pluggable replacement draw and
+    bonus row (bonus_offset -1: the bonus drawn from the last draft position's row)."""
+    out = []
+    for i, token in enumerate(draft.tokens):
+        q_i = draft.probs[i] if draft.probs is not None else None
+        q_x = q_i[token] if q_i is not None else 1.0
+        if rng.random() * q_x < p[i, token]:
+            out.append(token)
+            continue
+        out.append(replacement(p[i], q_i, token, rng))
+        return out
+    k = len(draft.tokens)
+    out.append(sample(p[k + bonus_offset], rng))
+    return out
+
+
+WRONG_STEPS = {
+    RESAMPLE_P: lambda p, d, rng: _rule_step(p, d, rng, _replacement_from_p),
+    RESAMPLE_Q: lambda p, d, rng: _rule_step(p, d, rng, _replacement_from_q),
+    UNNORMALISED: lambda p, d, rng: _rule_step(p, d, rng, _replacement_unnormalised),
+    BONUS_ROW: lambda p, d, rng: _rule_step(p, d, rng, bonus_offset=-1),
+}
+
+
+def _position_laws(p: np.ndarray, q: np.ndarray, point: list[int] | None, rule: str) -> list[np.ndarray]:
+    """The exact law of out[i] given that the round reached position i (i = 0..k; k: the bonus).
+    The rows do not depend on the path, so position i's law is its own position law."""
+    k = q.shape[0]
+    laws = [
+        position_law(p[i], None if point else q[i], token=point[i] if point else None, rule=rule).total
+        for i in range(k)
+    ]
+    return [*laws, bonus_law(p[k], p[k - 1], rule)]
+
+
+def _run_steps(step, p: np.ndarray, q: np.ndarray, point: list[int] | None, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    k = q.shape[0]
+    outs = []
+    for _ in range(STEP_TRIALS):
+        if point:
+            draft = Draft(list(point), None, "ngram")
+        else:
+            draft = Draft([sample(q[i], rng) for i in range(k)], q, "draft")
+        outs.append(step(draft, rng))
+    return outs
+
+
+def _position_tvs(outs: list[list[int]], laws: list[np.ndarray]) -> list[tuple[float, float, int]]:
+    """(TV to the law, null threshold, draws) for out[i] of the rounds that reached position i."""
+    result = []
+    for i, law in enumerate(laws):
+        freq, n = empirical((o[i] for o in outs if len(o) > i), law.shape[0])
+        result.append((tv(freq, law), null_tv_threshold(law, n), n))
+    return result
 
 
 @pytest.mark.parametrize("proposal", ["model", "point"])
-def test_first_token_follows_target_distribution_for_a_mismatched_draft(proposal: str) -> None:
-    rng = np.random.default_rng(42)
-    vocab, k, trials = 12, 3, 20000
-    target_logits = rng.standard_normal((k + 1, vocab)).astype(np.float32) * 2
-    target_logits[:, 7] = -np.inf  # a zero-mass token that the draft likes
-    draft_logits = rng.standard_normal((k, vocab)).astype(np.float32) * 2
-    draft_logits[:, 7] = 4.0
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    p1 = process_logits(target_logits[0], params)
-    q = np.stack([process_logits(r, params) for r in draft_logits])
-    assert p1[7] == 0 and q[0, 7] > 0.3
-    counts = np.zeros(vocab)
-    for _ in range(trials):
-        if proposal == "model":
-            tokens = [sample(q[i], rng) for i in range(k)]
-            draft = Draft(tokens, q, "draft")
-        else:
-            tokens = [7, 1, 2] if rng.random() < 0.5 else [3, 3, 3]
-            draft = Draft(tokens, None, "ngram")
-        out, n = speculative_step(target_logits, draft, params, rng)
-        counts[out[0]] += 1
-    freq = counts / trials
-    assert counts[7] == 0, "a token the target gives zero mass was emitted"
-    threshold = _null_tv_threshold(p1, trials, np.random.default_rng(7))
-    assert _tv(freq, p1) < threshold
-    # The test has power: the draft's own distribution is far outside the threshold.
-    if proposal == "model":
-        assert _tv(q[0], p1) > 5 * threshold
+def test_every_position_follows_the_target_and_wrong_rules_are_caught(proposal: str) -> None:
+    target_logits, p, q = _synthetic_rows()
+    k = q.shape[0]
+    # Point-mass proposals (n-gram lookup): the target's likeliest token, which it takes about half the time.
+    point = [int(np.argmax(row)) for row in p[:k]] if proposal == "point" else None
+    exact = _position_laws(p, q, point, EXACT)
+    for i in range(k):  # acceptance mid-range where it matters, so rejections are frequent
+        acceptance = position_law(p[i], None if point else q[i], token=point[i] if point else None).acceptance
+        assert 0.3 <= acceptance <= 0.7, (i, acceptance)
+
+    outs = _run_steps(lambda d, rng: speculative_step(target_logits, d, UNFILTERED, rng)[0], p, q, point, 1)
+    assert all(o[0] != ZERO_MASS for o in outs), "a token the target gives zero mass was emitted"
+    for i, (distance, threshold, n) in enumerate(_position_tvs(outs, exact)):
+        assert n >= 800, (i, n)  # the bonus position too is reached often enough to be tested
+        assert distance < threshold, f"position {i}: TV {distance:.4f} >= null threshold {threshold:.4f}"
+
+    for rule, step in WRONG_STEPS.items():
+        laws = _position_laws(p, q, point, rule)
+        wrong = _run_steps(lambda d, rng, step=step: step(p, d, rng), p, q, point, 1)
+        tvs = _position_tvs(wrong, exact)
+        # Power in closed form: at some position the wrong law is >= 3 null thresholds from the exact one.
+        assert max(tv(law, want) / t for law, want, (_, t, _) in zip(laws, exact, tvs, strict=True)) >= 3, (
+            rule
+        )
+        # The same statistic that passes the engine fails the wrong rule.
+        assert any(d >= t for d, t, _ in tvs), f"{rule} passed: {tvs}"
+        # And the closed form (which the real-model tests rely on) is the wrong rule's law.
+        for i, (distance, threshold, _) in enumerate(_position_tvs(wrong, laws)):
+            assert distance <= threshold, f"{rule}, position {i}: closed form off by TV {distance:.4f}"
+
+
+def test_p_min_must_gate_on_the_top_probability() -> None:
+    """A drafter that stops on p_min before drawing (top probability) keeps position 1 exact; one that
+    stops after drawing, on the drawn token's q(x), biases it, and the closed form says by how much."""
+    target_logits, p, q = _synthetic_rows(k=1)
+    p_min = float(np.sort(q[0])[-2]) + 1e-6  # the draft's top token passes, the others do not
+    exact = position_law(p[0], q[0], p_min=p_min).total
+    wrong = position_law(p[0], q[0], rule=PMIN_SAMPLED, p_min=p_min).total
+    np.testing.assert_allclose(exact, p[0], atol=1e-6)  # the top-probability gate leaves p intact
+
+    def drafted(rng: np.random.Generator, on_sampled: bool) -> list[int]:
+        token = sample(q[0], rng)
+        stop = q[0, token] < p_min if on_sampled else q[0].max() < p_min
+        draft = Draft.empty("draft") if stop else Draft([token], q, "draft")
+        return speculative_step(target_logits[: len(draft.tokens) + 1], draft, UNFILTERED, rng)[0]
+
+    rng = np.random.default_rng(3)
+    right = empirical((drafted(rng, False)[0] for _ in range(STEP_TRIALS)), p.shape[1])
+    biased = empirical((drafted(rng, True)[0] for _ in range(STEP_TRIALS)), p.shape[1])
+    threshold = assert_power({PMIN_SAMPLED: wrong}, p[0], STEP_TRIALS, "p_min")
+    assert tv(right[0], p[0]) < threshold
+    assert tv(biased[0], p[0]) >= threshold
+    assert tv(biased[0], wrong) < threshold
+
+
+def test_accepting_on_the_ratio_needs_no_min() -> None:
+    """'u < p/q' and 'u < min(1, p/q)' are one rule for u in [0, 1): a ratio above 1 accepts either
+    way. (So "accept with p/q without the min" is not a distinct wrong rule; accept_prefix uses it.)"""
+    rng = np.random.default_rng(0)
+    p, q, u = rng.random(10000), rng.random(10000), rng.random(10000)
+    with_min = u < np.minimum(1.0, p / q)
+    for i in range(0, 10000, 500):
+        assert accept_prefix(p[i : i + 1], q[i : i + 1], u[i : i + 1]) == int(with_min[i])
 
 
 def test_greedy_step_accepts_while_draft_equals_argmax() -> None:

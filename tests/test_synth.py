@@ -13,6 +13,8 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
 
+from support import PROMPT, plain_greedy  # noqa: E402
+
 from specli import synth  # noqa: E402
 from specli.synth import (  # noqa: E402
     FIXTURE_CHAT_TEMPLATE,
@@ -32,12 +34,10 @@ from specli.synth import (  # noqa: E402
     write_ngram_model,
 )
 
-PROMPT = "Once upon a time"
-
 
 def load(path: Path, n_ctx: int = 512) -> llama_cpp.Llama:
     return llama_cpp.Llama(
-        model_path=str(path), n_ctx=n_ctx, n_batch=256, n_threads=2, logits_all=True, verbose=False
+        model_path=str(path), n_ctx=n_ctx, n_batch=256, n_threads=1, logits_all=True, verbose=False
     )
 
 
@@ -46,17 +46,6 @@ def logits_along(llm: llama_cpp.Llama, tokens: list[int]) -> np.ndarray:
     llm.reset()
     llm.eval(tokens)
     return np.array(llm.scores[: len(tokens)], dtype=np.float64)
-
-
-def greedy(llm: llama_cpp.Llama, prompt: list[int], n: int) -> list[int]:
-    """Greedy continuation by argmax (ignores EOS, so always n tokens)."""
-    llm.reset()
-    llm.eval(prompt)
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval([out[-1]])
-    return out
 
 
 def gguf_tokens(path: Path) -> list[str]:
@@ -138,8 +127,8 @@ def test_gguf_metadata_is_what_llama_cpp_needs(fixture_models) -> None:
 
 def test_decoding_is_deterministic_and_not_degenerate(fixture_models) -> None:
     prompt = load(fixture_models.target).tokenize(PROMPT.encode())
-    first = greedy(load(fixture_models.target), prompt, 80)
-    assert greedy(load(fixture_models.target), prompt, 80) == first
+    first = plain_greedy(fixture_models.target, prompt, 80, stop_at_eog=False)
+    assert plain_greedy(fixture_models.target, prompt, 80, stop_at_eog=False) == first
     assert len(set(first)) >= 10  # not one token (or a two-token loop) forever
     logits = logits_along(load(fixture_models.target), prompt + first)
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -155,7 +144,7 @@ def test_draft_agrees_with_the_target_only_partly(fixture_models) -> None:
     agreement = []
     for text in prompts:
         prompt = target.tokenize(text.encode())
-        path = prompt + greedy(target, prompt, 100)
+        path = prompt + plain_greedy(fixture_models.target, prompt, 100, stop_at_eog=False)
         positions = slice(len(prompt) - 1, len(path) - 1)
         target_choice = logits_along(target, path)[positions].argmax(axis=1)
         draft_choice = logits_along(draft, path)[positions].argmax(axis=1)
@@ -248,13 +237,13 @@ def test_induction_head_copies_a_passage_that_recurs(tmp_path: Path) -> None:
     """A passage of random tokens, then its first words again: the copying model continues the passage
     (as real LMs do, and as prompt lookup predicts); without induction it does not."""
     trained = fixture_vocab()
-    copier = load(write_ngram_model(tmp_path / "copier.gguf", trained, COPY_MODEL))
-    plain = load(write_ngram_model(tmp_path / "plain.gguf", trained, replace(COPY_MODEL, induction=0.0)))
+    copier = write_ngram_model(tmp_path / "copier.gguf", trained, COPY_MODEL)
+    plain = write_ngram_model(tmp_path / "plain.gguf", trained, replace(COPY_MODEL, induction=0.0))
     rng = np.random.default_rng(3)
     passage = [int(t) for t in rng.choice(np.arange(260, FIXTURE_N_VOCAB), size=40, replace=False)]
     prompt = [trained.vocab.bos_id, *passage, *passage[:4]]
-    assert np.mean(np.array(greedy(copier, prompt, 30)) == passage[4:34]) > 0.9
-    assert np.mean(np.array(greedy(plain, prompt, 30)) == passage[4:34]) < 0.3
+    assert np.mean(np.array(plain_greedy(copier, prompt, 30, stop_at_eog=False)) == passage[4:34]) > 0.9
+    assert np.mean(np.array(plain_greedy(plain, prompt, 30, stop_at_eog=False)) == passage[4:34]) < 0.3
 
 
 def test_induction_head_does_not_fire_on_text_it_has_not_seen(tmp_path: Path) -> None:
@@ -398,6 +387,6 @@ def test_demo_pair_builds_at_toy_size(tmp_path: Path) -> None:
     target, draft = load(target_path), load(draft_path)
     prompt = target.tokenize(b"Return the value")
     assert prompt == draft.tokenize(b"Return the value") and len(prompt) <= 5
-    continuation = greedy(target, prompt, 40)
+    continuation = plain_greedy(target_path, prompt, 40, stop_at_eog=False)
     assert len(set(continuation)) >= 8
     assert target.detokenize(continuation).decode(errors="replace").strip()
