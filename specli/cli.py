@@ -299,9 +299,6 @@ def run(
             stats = spec.stats
             if mode == "json":
                 tokens = [e.token for e in released]
-                if stats.stop_reason == "stop" and released and not released[-1].text:
-                    # the token in which a stop string starts, cut to nothing: not part of the output
-                    tokens.pop()
                 print(
                     json.dumps(
                         {

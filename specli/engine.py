@@ -177,8 +177,11 @@ class _TextStream:
                 used += len(e.text)
                 out.append(self._held.pop(0))
             elif not keep_rest:
-                e.text = e.text[: n_chars - used]  # the event in which the stop string starts
-                out.append(self._held.pop(0))
+                # The token in which the stop string starts keeps the text before it; one that the
+                # stop string starts at the very beginning of is not part of the output at all.
+                if n_chars > used:
+                    e.text = e.text[: n_chars - used]
+                    out.append(self._held.pop(0))
                 break
             else:
                 break

@@ -97,6 +97,20 @@ def test_max_tokens_and_stop_strings(fixture_models) -> None:
             assert got == full[:n]
 
 
+def test_a_stop_string_at_a_token_boundary_releases_no_empty_token(fixture_models) -> None:
+    """A stop string that begins exactly where a token begins: that token is not part of the output
+    (no event with its id and no text), so tokens, text and stats agree."""
+    with load(fixture_models.target, None, n_ctx=512, n_threads=1) as spec:
+        full, events = generate(spec, PROMPT, max_tokens=30, sampling=GREEDY)
+        pieces = [e.text for e in events if isinstance(e, TokenEvent)]
+        text_before = ["".join(pieces[:i]) for i in range(len(pieces))]
+        i = next(i for i in range(5, len(pieces)) if pieces[i].strip() and pieces[i] not in text_before[i])
+        got, stopped = generate(spec, PROMPT, max_tokens=30, sampling=GREEDY, stop=[pieces[i]])
+        released = [e for e in stopped if isinstance(e, TokenEvent)]
+        assert got == full[:i] and all(e.text for e in released)
+        assert stopped[-1].text == "".join(pieces[:i]) and spec.stats.n_generated == i
+
+
 def test_reproducible_with_a_seed(fixture_models) -> None:
     params = dict(max_tokens=40, sampling=SamplingParams(temperature=1.0), seed=123, draft_max=3)
     with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:

@@ -7,13 +7,11 @@ import hashlib
 from dataclasses import replace
 from pathlib import Path
 
+import gguf
+import llama_cpp
 import numpy as np
 import pytest
-
-llama_cpp = pytest.importorskip("llama_cpp")
-gguf = pytest.importorskip("gguf")
-
-from support import PROMPT, plain_greedy  # noqa: E402
+from support import PROMPT, plain_greedy
 
 from specli import synth  # noqa: E402
 from specli.synth import (  # noqa: E402
