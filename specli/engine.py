@@ -78,6 +78,9 @@ def verify(target_rows: np.ndarray, draft: Draft, sampler: Sampler, position: in
     d = draft.tokens
     k = len(d)
     params, noise = sampler.params, sampler.noise
+    if params.banned:
+        mask_banned(target_rows, params.banned)  # once, in place; then nothing checks them again
+        params = params.unbanned
     dists: list[Dist | None] = []
     if params.greedy or sampler.same_as_plain:
         for i in range(k + 1):
@@ -309,7 +312,6 @@ class SpeculativeEngine:
             t_drafted = time.perf_counter()
             rows = target.decode([context[-1], *draft.tokens], outputs="all")
             t_verified = time.perf_counter()
-            mask_banned(rows, sampling.banned)
             verdict = verify(rows, draft, sampler, len(context))
             new_tokens, n_accepted = verdict.tokens, verdict.n_accepted
             if proposal is not None:

@@ -196,6 +196,8 @@ class Model:
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self._pieces: dict[int, bytes] = {}
         self._eog: tuple[int, ...] | None = None
+        self._is_eog: dict[int, bool] = {}
+        self._logits_views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_seconds = 0.0  # wall time inside llama_decode, for the overhead figure
         self._recurrent = recurrent
         self.rs_seq = int(llc.llama_n_rs_seq(self._ctx)) if recurrent else 0
@@ -285,7 +287,10 @@ class Model:
         return bool(int(llc.llama_vocab_get_attr(self._vocab, token)) & _ATTR_UNUSED)
 
     def is_eog(self, token: int) -> bool:
-        return bool(llc.llama_vocab_is_eog(self._vocab, token))
+        known = self._is_eog.get(token)
+        if known is None:
+            known = self._is_eog[token] = bool(llc.llama_vocab_is_eog(self._vocab, token))
+        return known
 
     def eog_tokens(self) -> tuple[int, ...]:
         """Every end-of-generation id (EOS, EOT, <|im_end|> ...), found once by scanning the vocabulary."""
@@ -369,7 +374,15 @@ class Model:
         if rows == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = llc.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        # The view of llama.cpp's output buffer is made once per (address, rows): making it costs
+        # more than the rest of a small decode call, and the buffer moves only when it grows.
+        key = (ctypes.addressof(ptr.contents), rows)
+        view = self._logits_views.get(key)
+        if view is None:
+            if len(self._logits_views) > 64:
+                self._logits_views.clear()
+            view = self._logits_views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return view
 
     def _decode_chunk(self, chunk: Sequence[int], outputs: str) -> int:
         b = self._batch
@@ -386,6 +399,9 @@ class Model:
         t0 = time.perf_counter()
         try:
             rc = llc.llama_decode(self._ctx, b)
+            # llama_decode may return before the backend has finished (llama-bench times the two
+            # together): wait here, so that decode_seconds is the model's time and not ours.
+            llc.llama_synchronize(self._ctx)
             self.decode_seconds += time.perf_counter() - t0
             if rc != 0:
                 # Failed decodes may leave partial ubatches in memory: drop everything past what we hold.

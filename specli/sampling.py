@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -57,6 +57,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @functools.cached_property
+    def unbanned(self) -> SamplingParams:
+        """The same settings for rows whose banned ids are already at -inf (see mask_banned)."""
+        return replace(self, banned=()) if self.banned else self
 
 
 # llama.cpp's default sampler settings, and the command line's: the figures to quote as "default

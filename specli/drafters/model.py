@@ -46,7 +46,8 @@ class DraftModelDrafter(Drafter):
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         m, sampler, width = self.model, self._sampler, self.target_vocab
-        params = sampler.params
+        banned = sampler.params.banned
+        params = sampler.params.unbanned  # each row's banned ids are masked in place first
         behind = len(context) - m.n_past  # usually the pending token, and a bonus token before it
         t0 = time.perf_counter()
         rows = m.decode(context[m.n_past :], outputs="last")
@@ -58,7 +59,7 @@ class DraftModelDrafter(Drafter):
         held = None
         for i in range(k):
             row = rows[0] if rows.shape[1] <= width else rows[0, :width]
-            mask_banned(rows, params.banned)
+            mask_banned(rows, banned)
             # Confidence is the draft's top probability, known before its token is drawn: a stop
             # that depended on the drawn token would bias what gets proposed away from q, and the
             # output away from the target's distribution.
