@@ -29,10 +29,9 @@ def acceptance(target: str, draft: str, prompts: list[str], sampling: SamplingPa
             for prompt in prompts:
                 params = GenerationParams(max_tokens=tokens, sampling=sampling, seed=seed, draft_max=k,
                                           same_as_plain=same_as_plain)
-                for _ in spec.generate(prompt, params):
-                    pass
-                accepted += spec.stats.accepted
-                drafted += spec.stats.drafted
+                stats = spec.generate(prompt, params).complete().stats
+                accepted += stats.accepted
+                drafted += stats.drafted
     return accepted / drafted if drafted else float("nan")
 
 

@@ -235,11 +235,10 @@ def specli_run(
     params = GenerationParams(
         max_tokens=n, sampling=sampling, draft_max=draft_max, ignore_eos=True, seed=seed
     )
-    for _ in spec.generate(prompt, params):
-        pass
-    st = spec.stats
+    generation = spec.generate(prompt, params).complete()
+    st = generation.stats
     return SpecliRun(
-        st.tokens_per_second or 0.0, st.acceptance_rate, st.overhead_fraction, list(spec.engine.tokens)
+        st.tokens_per_second or 0.0, st.acceptance_rate, st.overhead_fraction, list(generation.tokens)
     )
 
 
@@ -249,8 +248,7 @@ def warm_up(spec: Speculator, prompt: list[int], draft_max: int | str = 0) -> No
     params = GenerationParams(
         max_tokens=16, sampling=SamplingParams(temperature=0.0), draft_max=draft_max, ignore_eos=True, seed=0
     )
-    for _ in spec.generate(prompt, params):
-        pass
+    spec.generate(prompt, params).complete()
 
 
 def too_long(prompt: list[int], args: argparse.Namespace, row: Row) -> bool:

@@ -72,17 +72,17 @@ def main() -> None:
     for _ in range(args.repeat):
         r = llama_cpp_rate(raw_model, prompt, args.n)
         plain.engine.reset()
-        list(plain.generate(prompt, greedy))
-        p = plain.stats.n_generated / plain.stats.generation_seconds
+        stats = plain.generate(prompt, greedy).complete().stats
+        p = stats.n_generated / stats.generation_seconds
         raw.append(r)
         ours.append(p)
         ratios.append(p / r)
         if spec:
             spec.engine.reset()
             k4 = GenerationParams(max_tokens=args.n, sampling=greedy.sampling, draft_max=4)
-            list(spec.generate(prompt, k4))
-            spec_rates.append(spec.stats.tokens_per_second)
-            overheads.append(spec.stats.overhead_fraction)
+            stats = spec.generate(prompt, k4).complete().stats
+            spec_rates.append(stats.tokens_per_second)
+            overheads.append(stats.overhead_fraction)
         print(f"llama.cpp {r:7.2f} tok/s   specli --no-draft {p:7.2f} tok/s   ratio {p / r:.3f}", flush=True)
     med = statistics.median
     print(

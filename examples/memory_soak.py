@@ -32,12 +32,14 @@ def main() -> None:
     with load(args.target, args.draft, n_ctx=args.n + 64, n_threads=args.threads) as spec:
         print(f"loaded: {rss_mib():.1f} MiB")
         n = 0
-        for event in spec.generate("Once upon a time", params):
+        generation = spec.generate("Once upon a time", params)
+        for event in generation:
             if isinstance(event, TokenEvent):
                 n += 1
                 if n % 1000 == 0:
                     print(f"{n:6d} tokens: {rss_mib():.1f} MiB", flush=True)
-        print(f"done: {spec.stats.n_generated} tokens, {spec.stats.rounds} rounds, {rss_mib():.1f} MiB")
+        stats = generation.stats
+        print(f"done: {stats.n_generated} tokens, {stats.rounds} rounds, {rss_mib():.1f} MiB")
     print(f"after close: {rss_mib():.1f} MiB")
 
 

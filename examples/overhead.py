@@ -56,9 +56,7 @@ def generate(
     if reset:  # evaluate the whole prompt each time (it is not in the figures either way)
         spec.engine.reset()
     params = GenerationParams(max_tokens=n, sampling=sampling, ignore_eos=True, seed=seed, draft_max=0)
-    for _ in spec.generate(prompt, params):
-        pass
-    st = spec.stats
+    st = spec.generate(prompt, params).complete().stats
     return Sample(st.n_generated, st.generation_seconds, st.decode_seconds)
 
 

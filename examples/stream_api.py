@@ -17,12 +17,13 @@ def main() -> None:
     params = GenerationParams(max_tokens=64, sampling=SamplingParams(temperature=0.0), draft_max=4)
     with load(target, draft, n_ctx=1024) as spec:
         rounds = 0
-        for event in spec.generate(prompt, params):
+        generation = spec.generate(prompt, params)
+        for event in generation:
             if isinstance(event, TokenEvent):
                 print(f"{COLOURS[event.origin.value]}{event.text}\033[0m", end="", flush=True)
             elif isinstance(event, RoundEvent):
                 rounds += 1
-        stats = spec.stats
+        stats = generation.stats
         print()
         print(
             f"{stats.n_generated} tokens in {rounds} rounds, acceptance {stats.acceptance_rate or 0:.0%}, "

@@ -1,15 +1,17 @@
 """specli: speculative decoding for local GGUF models over llama.cpp."""
 
 from specli.api import Speculator, load
-from specli.engine import GenerationParams, SpeculativeEngine, speculative_step
+from specli.engine import Generation, GenerationParams, SpeculativeEngine
 from specli.events import DoneEvent, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
 from specli.sampling import SamplingParams
 from specli.stats import GenerationStats
+from specli.verify import speculative_step
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DoneEvent",
+    "Generation",
     "GenerationParams",
     "GenerationStats",
     "Origin",

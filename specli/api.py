@@ -3,15 +3,15 @@
 from specli import load, GenerationParams, SamplingParams
 
 with load("target.gguf", draft="draft.gguf", n_ctx=2048) as spec:
-    for event in spec.generate("Once upon a time", GenerationParams(max_tokens=64)):
+    generation = spec.generate("Once upon a time", GenerationParams(max_tokens=64))
+    for event in generation:
         if isinstance(event, TokenEvent):
             print(event.text, end="", flush=True)
-    print(spec.stats.as_dict())
+    print(generation.stats.as_dict())
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 from specli.compat import CompatReport, require_compatible
@@ -19,10 +19,8 @@ from specli.drafters.base import Drafter
 from specli.drafters.combined import CombinedDrafter
 from specli.drafters.model import DraftModelDrafter
 from specli.drafters.ngram import NGramDrafter
-from specli.engine import GenerationParams, SpeculativeEngine
-from specli.events import Event
+from specli.engine import Generation, GenerationParams, SpeculativeEngine
 from specli.llama import Model, ModelOptions
-from specli.stats import GenerationStats
 
 NGRAM = "ngram"
 MTP = "mtp"  # self-drafting from the target's multi-token-prediction layers (not implemented yet)
@@ -41,16 +39,16 @@ class Speculator:
         """The target's tokens for `prompt` (BOS added if the model wants it); the draft uses the same ids."""
         return self.target.tokenize(prompt, add_special=True, parse_special=True)
 
-    def generate(self, prompt: str | list[int], params: GenerationParams | None = None) -> Iterator[Event]:
+    def generate(self, prompt: str | list[int], params: GenerationParams | None = None) -> Generation:
+        """A generation: iterate it for events; its text, tokens and stats are current after each."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
         return self.engine.generate(tokens, params or GenerationParams())
 
-    @property
-    def stats(self) -> GenerationStats:
-        return self.engine.stats
-
     def close(self) -> None:
-        self.engine.close()
+        """Free the models this Speculator loaded (the drafter's, then the target)."""
+        if self.drafter is not None:
+            self.drafter.close()
+        self.target.close()
 
     def __enter__(self) -> Speculator:
         return self

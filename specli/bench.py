@@ -546,7 +546,6 @@ class _Loaded:
                                                   p_min=config.draft_p_min)
                 self.drafter = (CombinedDrafter(model_drafter, NGramDrafter()) if config.ngram
                                 else model_drafter)
-            # Not closed through the engines: engine.close() would close the shared target twice.
             self.plain = SpeculativeEngine(self.target, None)
             self.spec = SpeculativeEngine(self.target, self.drafter)
         except BaseException:
@@ -632,9 +631,8 @@ def _warm_up(loaded: _Loaded, config: BenchConfig, prompt: list[int], progress: 
     sampling = config.sampling(config.temps[-1])
     for engine, k_run in ((loaded.plain, 1), (loaded.spec, k)):
         loaded.reset()
-        for _ in engine.generate(prompt, GenerationParams(max_tokens=n, sampling=sampling, seed=config.seed,
-                                                          draft_max=k_run, ignore_eos=config.ignore_eos)):
-            pass
+        engine.generate(prompt, GenerationParams(max_tokens=n, sampling=sampling, seed=config.seed,
+                                                 draft_max=k_run, ignore_eos=config.ignore_eos)).complete()
         _step(progress, "speculative" if engine is loaded.spec else "plain")
 
 
@@ -748,14 +746,12 @@ def _timed_generation(engine: SpeculativeEngine, tokens: list[int],
     # A collection in the middle of one run would land on one side of a pair only.
     gc.collect()
     gc.disable()
-    events = engine.generate(tokens, params)
+    generation = engine.generate(tokens, params)
     try:
-        for _ in events:
-            pass
+        generation.complete()
     finally:
-        events.close()
         gc.enable()
-    return engine.stats, list(engine.tokens)
+    return generation.stats, list(generation.tokens)
 
 
 def _record(seq: int, temp: float, k: K, prompt: str, rep: int, pair: int, mode: str, position: int,

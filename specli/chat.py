@@ -30,7 +30,7 @@ from specli.api import Speculator
 from specli.chat_template import ChatTemplate, ChatTemplateError
 from specli.engine import GenerationParams
 from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageProblem
-from specli.events import DoneEvent, Event, PromptEvent, TokenEvent
+from specli.events import DoneEvent, Event, TokenEvent
 from specli.fileio import atomic_write_text
 from specli.llama import LlamaError, Model
 from specli.options import temperature_problem, valid_text
@@ -361,19 +361,15 @@ class ChatSession:
             self.messages = prepared.history
         self.messages.append({"role": "user", "content": prepared.user_text})
         params = self.generation_params()
-        engine = self.spec.engine
         parts: list[str] = []
-        prompt_seen = False
         stop_reason = "interrupted"
         caches_reset = False
-        events = engine.generate(prepared.tokens, params)
+        generation = self.spec.generate(prepared.tokens, params)
         try:
             if prepared.dropped_turns:
                 yield ContextNotice(prepared.dropped_turns, len(prepared.tokens), self.n_ctx)
-            for event in events:
-                if isinstance(event, PromptEvent):
-                    prompt_seen = True
-                elif isinstance(event, TokenEvent):
+            for event in generation:
+                if isinstance(event, TokenEvent):
                     parts.append(event.text)
                 elif isinstance(event, DoneEvent):
                     stop_reason = event.stop_reason
@@ -390,9 +386,9 @@ class ChatSession:
             stop_reason = "error"
             raise
         finally:
-            events.close()
-            # Before the PromptEvent the engine's stats may still be the previous turn's.
-            stats = engine.stats if prompt_seen else GenerationStats()
+            if generation.done is None:
+                generation.interrupt()
+            stats = generation.stats
             if stop_reason in ("interrupted", "error"):
                 stats.stop_reason = stop_reason
             self.messages.append({"role": "assistant", "content": "".join(parts)})
@@ -463,7 +459,7 @@ class ChatSession:
             "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "target": self.spec.target.path.name,
             "drafter": None if drafter is None else drafter.name,
-            "draft_model": next((m.path.name for m in _drafter_models(drafter)), None),
+            "draft_model": next((m.path.name for m in drafter.models), None) if drafter else None,
             "chat_template": "fallback ChatML" if self.template.is_fallback else "gguf",
             "n_ctx": self.n_ctx,
             "settings": {
@@ -554,18 +550,6 @@ def _drop_oldest_turn(history: list[dict[str, str]]) -> bool:
         end += 1
     del history[start:end]
     return True
-
-
-def _drafter_models(drafter: object) -> list[Model]:
-    """The llama.cpp models a drafter holds (none for n-gram lookup)."""
-    from specli.drafters.combined import CombinedDrafter
-    from specli.drafters.model import DraftModelDrafter
-
-    if isinstance(drafter, CombinedDrafter):
-        drafter = drafter.model_drafter
-    if isinstance(drafter, DraftModelDrafter):
-        return [drafter.model]
-    return []
 
 
 # -- formatting -----------------------------------------------------------------------------------------
@@ -757,9 +741,8 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
     def error(text: str) -> None:
         info.print(Text(text, style="red"), soft_wrap=True)
 
-    combined = spec.drafter is not None and spec.drafter.name == "combined"
-    drafters = ("draft", "ngram") if combined else ("draft",)
-    printer = (TokenPrinter(console, show_rejected=options.show_rejected, colour_drafters=combined)
+    sources = spec.drafter.sources if spec.drafter else ()
+    printer = (TokenPrinter(console, show_rejected=options.show_rejected, sources=sources)
                if console.is_terminal else None)
 
     save_history: Callable[[], None] = lambda: None  # noqa: E731
@@ -770,7 +753,7 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
         say(f"chatting with {spec.target.path.name} · {draft_name} · context {spec.target.n_ctx} · "
             "/help for commands, Ctrl-D to leave")
         if spec.drafter is not None:
-            console.print(legend(options.show_rejected, drafters))
+            console.print(legend(options.show_rejected, sources))
     else:
         read_line = _stream_reader(input_stream)
     if session.template_notice:

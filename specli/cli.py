@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -26,6 +26,9 @@ from specli.options import (
     valid_text,
 )
 from specli.ui.console import make_console
+
+if TYPE_CHECKING:
+    from specli.engine import Generation
 
 app = typer.Typer(
     add_completion=False,
@@ -284,26 +287,16 @@ def run(
                     "raise --ctx or shorten the prompt"
                 )
             mode = "json" if json_out else ("terminal" if out.is_terminal else "pipe")
-            released: list[TokenEvent] = []
-            interrupted = _stream(
-                spec,
-                prompt_tokens,
-                params,
-                mode,
-                out,
-                err,
-                show_rejected=show_rejected,
-                prompt_text=text,
-                released=released,
+            generation = _stream(
+                spec, prompt_tokens, params, mode, out, show_rejected=show_rejected, prompt_text=text
             )
-            stats = spec.stats
+            stats = generation.stats
             if mode == "json":
-                tokens = [e.token for e in released]
                 print(
                     json.dumps(
                         {
-                            "text": spec.engine.text,
-                            "tokens": tokens,
+                            "text": generation.text,
+                            "tokens": generation.tokens,
                             "prompt_tokens": len(prompt_tokens),
                             "seed": params.seed,
                             "sampling_mode": stats.sampling_mode,
@@ -327,7 +320,7 @@ def run(
                 f"[yellow]note:[/] the context ({spec.target.n_ctx} tokens) is full after "
                 f"{stats.n_generated} generated tokens; raise --ctx to generate more"
             )
-        if interrupted:
+        if stats.stop_reason == "interrupted":
             raise typer.Exit(EXIT_INTERRUPTED)
 
 
@@ -337,42 +330,30 @@ def _title(spec) -> Text:
 
 
 def _stream(
-    spec,
-    prompt_tokens,
-    params,
-    mode: str,
-    out: Console,
-    err: Console,
-    *,
-    show_rejected: bool,
-    prompt_text: str,
-    released: list[TokenEvent] | None = None,
-) -> bool:
-    """Run one generation and render it; True if Ctrl-C stopped it (the stats stay valid)."""
+    spec, prompt_tokens, params, mode: str, out: Console, *, show_rejected: bool, prompt_text: str
+) -> Generation:
+    """Run one generation and render it; Ctrl-C ends it with stop reason "interrupted" (its text,
+    tokens and stats stay valid)."""
     from specli.ui.stream import TokenPrinter, legend
 
     printer = None
+    sources = spec.drafter.sources if spec.drafter else ()
     if mode == "terminal":
-        drafters = ("draft", "ngram") if spec.drafter and spec.drafter.name == "combined" else ("draft",)
         if spec.drafter:
-            out.print(legend(show_rejected, drafters))
+            out.print(legend(show_rejected, sources))
         out.print(Text(prompt_text, style="bold"), end="")  # Text: the user's words, never markup
-        printer = TokenPrinter(out, show_rejected=show_rejected, colour_drafters=len(drafters) > 1)
-    events = spec.engine.generate(prompt_tokens, params)
+        printer = TokenPrinter(out, show_rejected=show_rejected, sources=sources)
+    generation = spec.generate(prompt_tokens, params)
     try:
-        for event in events:
-            if released is not None and isinstance(event, TokenEvent):
-                released.append(event)
+        for event in generation:
             if printer is not None:
                 printer(event)
             elif mode == "pipe" and isinstance(event, TokenEvent):
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
     except KeyboardInterrupt:
-        events.close()
-        spec.stats.stop_reason = "interrupted"
-        return True
-    return False
+        generation.interrupt()
+    return generation
 
 
 @app.command()

@@ -46,6 +46,8 @@ class RoundEvent:
     draft_seconds: float
     verify_seconds: float
     other_seconds: float  # sampling, acceptance, bookkeeping
+    decode_seconds: float = 0.0  # of the round, inside llama_decode (target and draft)
+    elapsed_seconds: float = 0.0  # since the first round began, at this round's end
 
 
 @dataclass(slots=True)
@@ -60,7 +62,8 @@ class PromptEvent:
 @dataclass(slots=True)
 class DoneEvent:
     stop_reason: str  # "eos" | "stop" | "length" | "context" | "interrupted"
-    text: str  # the whole generated text
+    text: str  # the whole generated text (what was released to the user)
+    elapsed_seconds: float = 0.0  # since the first round began
 
 
 Event = TokenEvent | RejectedEvent | RoundEvent | PromptEvent | DoneEvent

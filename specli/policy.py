@@ -1,28 +1,23 @@
 """How many tokens to draft each round: a fixed k, or `auto`, which maximizes predicted tokens/second.
 
 auto keeps, per proposal source, decayed estimates of the acceptance of a round's first draft token
-(a1) and of each later one given the one before was accepted (a2), and uses a `CostModel` of what
-the round costs: the target's verify time T_v(m) for each batch size m (the median of its recent
-measurements) and the draft time per token of each source. Each round it picks
+(a1) and of each later one given the one before was accepted (a2), and uses the `CostModel` of what a
+round costs (specli/costs.py, the model the stats panel and bench predict with too). Each round it
+picks
 
     k* = argmax_k  E(k) / (k c_d + T_v(k + 1)),   E(k) = 1 + a1 (1 - a2^k) / (1 - a2)
-
-Two rates rather than Leviathan's single alpha because acceptance comes in runs: once the draft is
-on track (a passage it knows, a copy) it tends to stay there, so a2 > a1, and a single alpha fitted
-to both would make long drafts look worse than they are.
 
 where k = 0 (plain decoding, rate 1 / T_v(1)) is a valid answer. When it settles on k = 0 it still
 probes now and then (with the k that would pay best if any did), so a text that becomes
 predictable is noticed.
 
-Batch sizes not measured yet are predicted optimistically (the cheapest slope seen so far), so auto
-tries them once and learns their real cost. This matters on CPUs, where T_v is a staircase: m = 2
-can cost twice m = 1 while m = 3..6 cost little more than m = 2, and a straight line through the
-first two points would never let auto find that out.
+Batch sizes not measured yet are predicted optimistically (costs.verify_curve), so auto tries them
+once and learns their real cost.
 
 The cost model belongs to the engine and outlives a generation (it describes the machine and the
-models). Acceptance describes the text, so each generation learns it afresh, starting from the
-last generation's estimate halfway back to a neutral 0.5 (weighted as two positions).
+models), as does `Learned` (the pair). Acceptance describes the text, so each generation learns it
+afresh, starting from the last generation's estimate halfway back to a neutral 0.5 (weighted as two
+positions).
 
 A drafter that knows its confidence (a draft model: its top probability at each position) gets
 more than a k: a gate, asked before each position, that stops the round where drafting on no longer
@@ -48,18 +43,20 @@ and none where it is guessing.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from specli.costs import CostModel, later_examined
 from specli.drafters.base import DraftGate
 
 
 class DraftPolicy:
-    def choose_k(self, source: str | None, round_index: int) -> int:
+    """Decides each round's draft length (and, for a drafter that reports confidence, a gate) from
+    what the rounds before cost and yielded. The Proposer asks it and reports back to it."""
+
+    def choose_k(self, source: str | None) -> int:
         raise NotImplementedError
 
     def observe(
@@ -94,19 +91,13 @@ class DraftPolicy:
 
 
 class FixedK(DraftPolicy):
-    """Always k drafts, except round 1, which is plain: it measures T_v(1) for the predicted speedup
-    (round 1 rather than 0, so the measurement is not the cold first decode)."""
+    """Always k drafts (fewer only where the output or the context ends)."""
 
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def choose_k(self, source: str | None, round_index: int) -> int:
-        return 0 if round_index == 1 else self.k
-
-
-# With one batched size measured, the extra cost per token assumed beyond it, as a share of T_v(1):
-# optimistic (GPUs are nearly flat), so that auto tries larger batches and measures them.
-_OPTIMISTIC_SLOPE = 0.05
+    def choose_k(self, source: str | None) -> int:
+        return self.k
 
 
 # Confidence bins: finer near 1, where a draft that knows the text puts most of its tokens.
@@ -149,82 +140,13 @@ class Calibration:
 
 
 @dataclass
-class CostModel:
-    """Verify seconds by batch size and draft seconds per token by source, as measured so far."""
+class Learned:
+    """What auto learned about this pair of models that the next generation starts from: each source's
+    last (a1, a2) estimate, and acceptance by confidence for the sources that report one. (What the
+    machine's decodes cost is the CostModel's.)"""
 
-    window: int = 9  # recent samples per batch size; their median resists bursts of machine load
-    verify: dict[int, deque[float]] = field(default_factory=dict)
-    draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
-    # source -> its last (a1, a2) estimate: the next generation's prior
     acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)
-    # source -> acceptance by confidence, for drafters that report one (a draft model)
     calibration: dict[str, Calibration] = field(default_factory=dict)
-
-    # The predicted curve is recomputed when a new size is measured or every `refresh` samples: a
-    # round on a tiny model takes well under a millisecond, and this runs every round.
-    refresh: int = 8
-    _curve: list[float] | None = field(default=None, repr=False)
-    _draft_seen: set[str] = field(default_factory=set, repr=False)
-    _stale: int = 0
-
-    def observe_verify(self, m: int, seconds: float) -> None:
-        if m not in self.verify:
-            self._curve = None
-        self.verify.setdefault(m, deque(maxlen=self.window)).append(seconds)
-        self._stale += 1
-        if self._stale >= self.refresh:
-            self._curve, self._stale = None, 0
-
-    def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
-        if source not in self._draft_seen:
-            # A model's first single-token decodes build their graphs: on a small draft that can
-            # take 10x a warm step, and a cost that high would stop auto from ever drafting again.
-            self._draft_seen.add(source)
-            return
-        slot = self.draft.setdefault(source, [0.0, 0.0])
-        slot[0] = decay * slot[0] + seconds
-        slot[1] = decay * slot[1] + tokens
-
-    def draft_seconds_per_token(self, source: str | None) -> float | None:
-        slot = self.draft.get(source or "")
-        return slot[0] / slot[1] if slot and slot[1] > 0 else None
-
-    def verify_seconds(self, m_max: int) -> list[float] | None:
-        """Predicted T_v(m) for m = 1..m_max (index m - 1); None until T_v(1) has been measured.
-
-        Measured sizes give their median, made non-decreasing in m; sizes between two measured ones
-        are interpolated; sizes above the largest measured one are extrapolated with the smallest
-        per-token slope measured between batched sizes (or an optimistic default).
-        """
-        if self._curve is not None and len(self._curve) >= m_max:
-            return self._curve[:m_max]
-        if 1 not in self.verify:
-            return None
-        known = {m: statistics.median(s) for m, s in sorted(self.verify.items())}
-        running = 0.0
-        for m in known:
-            running = known[m] = max(known[m], running)
-        batched = [m for m in known if m >= 2]
-        slopes = [(known[b] - known[a]) / (b - a) for a, b in zip(batched, batched[1:], strict=False)]
-        slope = min(slopes) if slopes else _OPTIMISTIC_SLOPE * known[1]
-        sizes = sorted(known)
-        out: list[float] = []
-        for m in range(1, m_max + 1):
-            if m in known:
-                out.append(known[m])
-                continue
-            below = max(s for s in sizes if s < m)
-            above = [s for s in sizes if s > m]
-            if above:
-                a = above[0]
-                out.append(known[below] + (known[a] - known[below]) * (m - below) / (a - below))
-            elif below == 1:
-                # A batch costs at least what a single token does, plus the per-token slope.
-                out.append(known[1] * (1 + _OPTIMISTIC_SLOPE * (m - 1)))
-            else:
-                out.append(known[below] + slope * (m - below))
-        self._curve = out
-        return out
 
 
 _PRIOR_ALPHA = 0.5  # for a source never seen: neither hopeless nor a sure thing
@@ -260,6 +182,9 @@ class _SourceEstimate:
 @dataclass
 class AutoK(DraftPolicy):
     costs: CostModel = field(default_factory=CostModel)
+    learned: Learned = field(default_factory=Learned)
+    # Sources that report their confidence (a draft model): they get a gate, and a calibration.
+    confident: Collection[str] = ()
     k_max: int = 12
     decay: float = 0.9  # per round: the estimate follows changes in the text within ~10 rounds
     probe_every: int = 4  # rounds at k = 0 before the first probe
@@ -277,13 +202,13 @@ class AutoK(DraftPolicy):
         """Update the source's (a1, a2) counts, and keep the estimate as the next generation's prior."""
         est = self._estimate(source)
         est.observe(decay, first, later)
-        self.costs.acceptance[source] = (est.a1, est.a2)
+        self.learned.acceptance[source] = (est.a1, est.a2)
 
     def _estimate(self, source: str) -> _SourceEstimate:
         if source not in self.sources:
             # The last generation's estimate, halfway back to the neutral prior: the next text may
             # be of another kind (a copy, then a chat), and overshooting k there is costly.
-            last = self.costs.acceptance.get(source, (_PRIOR_ALPHA, _PRIOR_ALPHA))
+            last = self.learned.acceptance.get(source, (_PRIOR_ALPHA, _PRIOR_ALPHA))
             a1, a2 = ((a + _PRIOR_ALPHA) / 2 for a in last)
             self.sources[source] = _SourceEstimate(
                 [a1 * _PRIOR_WEIGHT, _PRIOR_WEIGHT], [a2 * _PRIOR_WEIGHT, _PRIOR_WEIGHT]
@@ -308,8 +233,12 @@ class AutoK(DraftPolicy):
             run *= a2
         return rates
 
-    def choose_k(self, source: str | None, round_index: int) -> int:
-        if source is not None and source in self.costs.calibration:
+    def __post_init__(self) -> None:
+        for source in self.confident:
+            self.learned.calibration.setdefault(source, Calibration())
+
+    def choose_k(self, source: str | None) -> int:
+        if source is not None and source in self.confident:
             return self._choose_gated(source)
         rates = self.predicted_rates(source) if source is not None else None
         if rates is None:
@@ -351,7 +280,7 @@ class AutoK(DraftPolicy):
             self._worth_cache = (source, self._worth_cache[1] + 1, self._worth_cache[2])
             return self._worth_cache[2]
         verify, c_draft, rate = inputs
-        cal = self.costs.calibration[source]
+        cal = self.learned.calibration[source]
         j = np.arange(1, self.k_max + 1)
         f = np.minimum(cal.accepted / cal.seen, 0.999)[:, None]
         accepted = f * (1.0 - f**j) / (1.0 - f)  # E[accepted] of j drafts as sure as the first
@@ -365,11 +294,13 @@ class AutoK(DraftPolicy):
         draft's confidence there has been distributed lately (or was the last time) and what each
         confidence is worth; else 0. The gate then stops the round where drafting on stops paying."""
         self.probing = False
-        if self.hopeless:  # nothing new is learned without drafts or shadows: it stays so
+        if self.hopeless or self.costs.verify_seconds(1) is None:
+            # Hopeless: nothing new is learned without drafts or shadows, so it stays so. No T_v(1)
+            # yet: a plain round measures it (and a shadow sees the draft's first confidence).
             self.rounds_at_zero += 1
             return 0
         inputs = self._gate_inputs(source)
-        cal = self.costs.calibration[source]
+        cal = self.learned.calibration[source]
         if inputs is not None and cal.first.sum() >= 1.0:
             worth = self._worth(source, inputs)
             price = inputs[2] * inputs[1]  # a draft step, in tokens at the reference rate
@@ -400,7 +331,7 @@ class AutoK(DraftPolicy):
 
         def decide(i: int, confidence: float) -> bool:
             nonlocal survival
-            cal = self.costs.calibration.setdefault(source, Calibration())
+            cal = self.learned.calibration[source]
             if i == 0:
                 cal.observe_first(confidence)
             if shadow or inputs is None:
@@ -436,7 +367,7 @@ class AutoK(DraftPolicy):
         self._observe_acceptance(source, self.decay, (acceptance, 1.0), (0.0, 0.0))
 
     def observe_held(self, source: str, position: int, confidence: float, acceptance: float) -> None:
-        cal = self.costs.calibration.get(source)
+        cal = self.learned.calibration.get(source)
         if cal is not None:
             cal.observe(confidence, acceptance)
         if position == 0:
@@ -470,12 +401,10 @@ class AutoK(DraftPolicy):
             self.costs.observe_draft(source, positions, draft_s)
         if k == 0:
             return
-        # Examined: the accepted tokens and the first rejected one; the first token always.
-        later_examined = accepted - 1 + (1 if accepted < k else 0) if accepted else 0
         self._observe_acceptance(
-            source, self.decay, (min(accepted, 1), 1.0), (max(accepted - 1, 0), later_examined)
+            source, self.decay, (min(accepted, 1), 1.0), (max(accepted - 1, 0), later_examined(k, accepted))
         )
-        cal = self.costs.calibration.get(source)
+        cal = self.learned.calibration.get(source)
         if cal is not None and confidence:
             for i in range(min(accepted + 1, k, len(confidence))):
                 cal.observe(confidence[i], float(i < accepted))

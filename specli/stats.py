@@ -1,9 +1,9 @@
-"""Counters and timings of a generation, built from the event stream, and the speedup they predict.
+"""Counters and timings of a generation: a fold over its event stream, and the speedup they predict.
 
-Prediction (Leviathan et al. 2023, with measured costs instead of the constant-verify assumption):
-with per-position acceptance alpha, a round drafting k tokens yields E = (1 - alpha^(k+1)) / (1 - alpha)
-tokens in (draft time + verify time); plain decoding yields one token per T_v(1). The predicted speedup
-is sum_rounds(E_k) * T_v(1) / sum_rounds(draft + verify seconds).
+The prediction is costs.py's, the model `-k auto` chooses k with (Leviathan et al. 2023 with two
+acceptance rates and measured costs instead of a constant verify cost): the rounds' expected tokens
+E(k) = 1 + a1 (1 - a2^k) / (1 - a2) at plain decoding's T_v(1) per token, over what drafting and
+verifying cost, with T_v by batch size measured in this generation (costs.verify_curve where not).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from specli.events import Event, PromptEvent, RoundEvent, TokenEvent
+from specli.costs import expected_tokens, later_examined
+from specli.events import DoneEvent, Event, PromptEvent, RoundEvent, TokenEvent
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
-    """E[tokens a round emits] = (1 - alpha^(k+1)) / (1 - alpha); k + 1 when alpha = 1."""
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    """E[tokens a round emits] with one acceptance rate: (1 - alpha^(k+1)) / (1 - alpha); k + 1 when
+    alpha = 1 (costs.expected_tokens with a1 = a2 = alpha)."""
+    return expected_tokens(alpha, alpha, k)
 
 
 @dataclass
@@ -31,6 +31,8 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     rejections: int = 0  # rounds that ended with a rejected draft token
+    first_accepted: int = 0  # drafting rounds whose first draft was accepted (a1's numerator)
+    later_examined: int = 0  # drafts after a round's first that the target judged (a2's denominator)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     other_seconds: float = 0.0
@@ -60,12 +62,19 @@ class GenerationStats:
             self.verify_seconds += event.verify_seconds
             self.other_seconds += event.other_seconds
             self.k_per_round.append(event.k)
+            self.decode_seconds += event.decode_seconds
+            self.generation_seconds = event.elapsed_seconds
             if event.k:
                 self.accepted_per_round[event.accepted] += 1
                 self.rejections += event.accepted < event.k
+                self.first_accepted += event.accepted > 0
+                self.later_examined += later_examined(event.k, event.accepted)
             slot = self.verify_by_size.setdefault(event.k + 1, [0, 0.0])
             slot[0] += 1
             slot[1] += event.verify_seconds
+        elif isinstance(event, DoneEvent):
+            self.stop_reason = event.stop_reason
+            self.generation_seconds = event.elapsed_seconds
         elif isinstance(event, PromptEvent):
             self.n_prompt = event.n_prompt
             self.n_prompt_evaluated = event.n_evaluated
@@ -119,13 +128,30 @@ class GenerationStats:
         return max(0.0, 1.0 - self.decode_seconds / self.generation_seconds)
 
     @property
+    def a1(self) -> float | None:
+        """Acceptance of a round's first draft."""
+        rounds = self.drafting_rounds
+        return self.first_accepted / rounds if rounds else None
+
+    @property
+    def a2(self) -> float | None:
+        """Acceptance of a later draft, given the one before it was accepted (None: none judged)."""
+        later = self.accepted - self.first_accepted
+        return later / self.later_examined if self.later_examined else None
+
+    @property
     def predicted_speedup(self) -> float | None:
-        """Leviathan's prediction from the measured alpha and costs (needs a measured T_v(1))."""
-        alpha, t1 = self.alpha, self.verify_ms(1)
-        spent = self.draft_seconds + self.verify_seconds
-        if alpha is None or t1 is None or spent <= 0:
+        """What these rounds should have gained over plain decoding: their expected tokens (costs.py's
+        E(k) with this generation's a1 and a2) at plain decoding's T_v(1) each, over what drafting and
+        verifying took. None without a measured T_v(1): a fixed k never decodes one token alone, so
+        for it only bench, which measures the verify curve, predicts."""
+        t1, spent = self.verify_ms(1), self.draft_seconds + self.verify_seconds
+        if t1 is None or spent <= 0:
             return None
-        expected = sum(expected_tokens_per_round(alpha, k) for k in self.k_per_round)
+        a1, a2 = self.a1, self.a2
+        if a1 is None:  # nothing drafted: nothing to predict
+            return None
+        expected = sum(expected_tokens(a1, a1 if a2 is None else a2, k) for k in self.k_per_round)
         return expected * (t1 / 1000) / spent
 
     def as_dict(self) -> dict:

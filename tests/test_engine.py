@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from support import PROMPT, plain_greedy
 
-from specli import GenerationParams, SamplingParams, TokenEvent, load
+from specli import Generation, GenerationParams, SamplingParams, TokenEvent, load
 from specli.compat import VocabMismatchError, check_vocab
 from specli.events import DoneEvent, Origin, RejectedEvent, RoundEvent
 from specli.llama import Model, ModelOptions
@@ -16,9 +16,10 @@ from specli.llama import Model, ModelOptions
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def generate(spec, prompt, **kw) -> tuple[list[int], list]:
-    events = list(spec.generate(prompt, GenerationParams(**kw)))
-    return [e.token for e in events if isinstance(e, TokenEvent)], events
+def generate(spec, prompt, **kw) -> tuple[list[int], list, Generation]:
+    generation = spec.generate(prompt, GenerationParams(**kw))
+    events = list(generation)
+    return [e.token for e in events if isinstance(e, TokenEvent)], events, generation
 
 
 @pytest.mark.parametrize("draft_max", [1, 2, 4, 8, "auto"])
@@ -27,12 +28,12 @@ def test_greedy_speculative_equals_plain_greedy(fixture_models, draft_max, draft
     expected = plain_greedy(fixture_models.target, PROMPT, 80)
     draft = "ngram" if drafter == "ngram" else fixture_models.draft
     with load(fixture_models.target, draft, n_ctx=512, ngram=drafter == "combined", n_threads=1) as spec:
-        got, events = generate(spec, PROMPT, max_tokens=80, sampling=GREEDY, draft_max=draft_max)
+        got, events, gen = generate(spec, PROMPT, max_tokens=80, sampling=GREEDY, draft_max=draft_max)
         assert got == expected
         # Both caches hold exactly the committed context minus the pending token.
-        assert spec.target.tokens == spec.engine.context[:-1]
+        assert spec.target.tokens == gen.context[:-1]
         if drafter == "model" and draft_max != "auto":
-            assert spec.stats.drafted > 0 and spec.stats.accepted > 0
+            assert gen.stats.drafted > 0 and gen.stats.accepted > 0
             origins = {e.origin for e in events if isinstance(e, TokenEvent)}
             assert Origin.ACCEPTED in origins
 
@@ -42,7 +43,7 @@ def test_greedy_equivalence_on_real_trained_pair(shared_models) -> None:
     expected = plain_greedy(target, PROMPT, 64)
     for k in (1, 3, 4, "auto"):
         with load(target, draft, n_ctx=512, n_threads=1) as spec:
-            got, _ = generate(spec, PROMPT, max_tokens=64, sampling=GREEDY, draft_max=k)
+            got, _, gen = generate(spec, PROMPT, max_tokens=64, sampling=GREEDY, draft_max=k)
             assert got == expected, f"k={k}"
     with load(target, draft, n_ctx=512, n_threads=1) as spec:
         text = "".join(
@@ -68,7 +69,7 @@ def test_rollback_gives_the_logits_of_a_fresh_evaluation(fixture_models) -> None
 
 def test_events_describe_each_round(fixture_models) -> None:
     with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
-        _, events = generate(spec, PROMPT, max_tokens=40, sampling=GREEDY, draft_max=3)
+        _, events, gen = generate(spec, PROMPT, max_tokens=40, sampling=GREEDY, draft_max=3)
     rounds = [e for e in events if isinstance(e, RoundEvent)]
     tokens = [e for e in events if isinstance(e, TokenEvent)]
     assert isinstance(events[-1], DoneEvent) and events[-1].stop_reason == "length"
@@ -85,15 +86,15 @@ def test_events_describe_each_round(fixture_models) -> None:
 
 def test_max_tokens_and_stop_strings(fixture_models) -> None:
     with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
-        full, events = generate(spec, PROMPT, max_tokens=60, sampling=GREEDY, draft_max=4)
+        full, events, gen = generate(spec, PROMPT, max_tokens=60, sampling=GREEDY, draft_max=4)
         text = events[-1].text
         stop = text[10:14]
-        _, stopped = generate(spec, PROMPT, max_tokens=60, sampling=GREEDY, draft_max=4, stop=[stop])
+        _, stopped, gen = generate(spec, PROMPT, max_tokens=60, sampling=GREEDY, draft_max=4, stop=[stop])
         assert stopped[-1].stop_reason == "stop"
         assert stopped[-1].text == text[: text.index(stop)]
         assert stop not in "".join(e.text for e in stopped if isinstance(e, TokenEvent))
         for n in (1, 2, 7):
-            got, _ = generate(spec, PROMPT, max_tokens=n, sampling=GREEDY, draft_max=4)
+            got, _, gen = generate(spec, PROMPT, max_tokens=n, sampling=GREEDY, draft_max=4)
             assert got == full[:n]
 
 
@@ -101,21 +102,21 @@ def test_a_stop_string_at_a_token_boundary_releases_no_empty_token(fixture_model
     """A stop string that begins exactly where a token begins: that token is not part of the output
     (no event with its id and no text), so tokens, text and stats agree."""
     with load(fixture_models.target, None, n_ctx=512, n_threads=1) as spec:
-        full, events = generate(spec, PROMPT, max_tokens=30, sampling=GREEDY)
+        full, events, gen = generate(spec, PROMPT, max_tokens=30, sampling=GREEDY)
         pieces = [e.text for e in events if isinstance(e, TokenEvent)]
         text_before = ["".join(pieces[:i]) for i in range(len(pieces))]
         i = next(i for i in range(5, len(pieces)) if pieces[i].strip() and pieces[i] not in text_before[i])
-        got, stopped = generate(spec, PROMPT, max_tokens=30, sampling=GREEDY, stop=[pieces[i]])
+        got, stopped, gen = generate(spec, PROMPT, max_tokens=30, sampling=GREEDY, stop=[pieces[i]])
         released = [e for e in stopped if isinstance(e, TokenEvent)]
         assert got == full[:i] and all(e.text for e in released)
-        assert stopped[-1].text == "".join(pieces[:i]) and spec.stats.n_generated == i
+        assert stopped[-1].text == "".join(pieces[:i]) and gen.stats.n_generated == i
 
 
 def test_reproducible_with_a_seed(fixture_models) -> None:
     params = dict(max_tokens=40, sampling=SamplingParams(temperature=1.0), seed=123, draft_max=3)
     with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
-        a, _ = generate(spec, PROMPT, **params)
-        b, _ = generate(spec, PROMPT, **params)
+        a, _, gen = generate(spec, PROMPT, **params)
+        b, _, gen = generate(spec, PROMPT, **params)
     assert a == b
 
 
@@ -134,21 +135,22 @@ def test_auto_k_keeps_estimates_per_proposer_when_combined(fixture_models) -> No
     """Combined drafting: the policy learns n-gram and draft-model acceptance separately."""
     text = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
     with load(fixture_models.target, fixture_models.draft, n_ctx=512, ngram=True, n_threads=1) as spec:
-        got, _ = generate(spec, text, max_tokens=60, sampling=GREEDY, draft_max="auto")
+        got, _, gen = generate(spec, text, max_tokens=60, sampling=GREEDY, draft_max="auto")
         assert got == plain_greedy(fixture_models.target, text, 60)
-        assert {source.split("/")[0] for source in spec.engine.policy.sources} <= {"ngram", "draft"}
-        assert spec.engine.policy.sources
+        # What auto learned per source (each generation's estimate is the next one's prior).
+        assert set(spec.engine.learned.acceptance) <= {"ngram", "draft"}
+        assert spec.engine.learned.acceptance
 
 
 def test_auto_gates_the_draft_model_by_its_confidence(fixture_models) -> None:
     """With a draft model, auto learns what each confidence is worth (from verified tokens and from
     positions the gate held back) and still gives the target's own greedy output."""
     with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
-        got, events = generate(spec, PROMPT, max_tokens=80, sampling=GREEDY, draft_max="auto")
+        got, events, gen = generate(spec, PROMPT, max_tokens=80, sampling=GREEDY, draft_max="auto")
         assert got == plain_greedy(fixture_models.target, PROMPT, 80)
-        calibration = spec.engine.costs.calibration["draft"]
+        calibration = spec.engine.learned.calibration["draft"]
         # Beyond the prior: at least the first round's shadow and the second round's draft, whatever
         # the timings (which decide how much auto drafts after that).
         assert calibration.seen.sum() > len(calibration.seen) + 1
         assert calibration.first.sum() > 0
-        assert spec.target.tokens == spec.engine.context[:-1]
+        assert spec.target.tokens == gen.context[:-1]

@@ -38,9 +38,10 @@ from support import (
 
 from specli import GenerationParams, SamplingParams, load
 from specli.api import Speculator
+from specli.costs import CostModel
 from specli.events import Origin, RejectedEvent, RoundEvent, TokenEvent
 from specli.llama import Model, ModelOptions
-from specli.policy import CostModel
+from specli.policy import Learned
 from specli.sampling import process_logits
 
 N_CTX = 256
@@ -85,7 +86,7 @@ def run_trials(
     out = []
     for seed in range(trials):
         if fresh_costs:
-            spec.engine.costs = CostModel()
+            spec.engine.costs, spec.engine.learned = CostModel(), Learned()
         params = GenerationParams(
             max_tokens=max_tokens,
             sampling=UNFILTERED,

@@ -152,11 +152,13 @@ def test_greedy_speculative_equals_plain_greedy(hybrid_models, fixture_models, p
     expected = plain_greedy(target, PROMPT, n)
     with load(target, draft, n_ctx=512, n_threads=1) as spec:
         params = GenerationParams(max_tokens=n, sampling=GREEDY, draft_max=draft_max)
-        got = tokens_of(spec.generate(PROMPT, params))
+        generation = spec.generate(PROMPT, params)
+        got = tokens_of(generation)
         assert got == expected
-        assert spec.target.tokens == spec.engine.context[:-1]
+        assert spec.target.tokens == generation.context[:-1]
         if draft_max != "auto" and pair != "hybrid+ngram":
-            assert spec.stats.drafted > 0 and 0 < spec.stats.accepted < spec.stats.drafted
+            stats = generation.stats
+            assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
         # A second prompt that shares only a prefix: the caches go back (or start over) correctly.
         other = "The old man"
         again = tokens_of(spec.generate(other, replace(params, max_tokens=n // 2)))
@@ -177,7 +179,8 @@ def test_draft_length_is_capped_by_the_rollback_bound(hybrid_models, fixture_mod
             ks = [e.k for e in events if isinstance(e, RoundEvent)]
             assert max(ks) == 2
     finally:
-        engine.close()
+        drafter.close()
+        target.close()
 
 
 def test_target_without_rollback_is_refused_clearly(hybrid_models, fixture_models) -> None:
@@ -222,11 +225,12 @@ def test_sampled_tokens_follow_the_target_distribution(hybrid_models, fixture_mo
     with load(target, draft, n_ctx=256, n_threads=1) as spec:
         for seed in range(trials):
             run = GenerationParams(max_tokens=4, sampling=params, seed=seed, draft_max=3)
-            got = tokens_of(spec.generate(prompt, run))
+            generation = spec.generate(prompt, run)
+            got = tokens_of(generation)
             firsts[got[0]] += 1
             seconds[tuple(got[:2])] += 1
-            drafted += spec.stats.drafted
-            accepted += spec.stats.accepted
+            drafted += generation.stats.drafted
+            accepted += generation.stats.accepted
     assert drafted > 0 and 0 < accepted < drafted  # rollbacks happened
     freq1 = np.zeros_like(p1)
     for t, c in firsts.items():

@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from specli.policy import AutoK, Calibration, CostModel, _SourceEstimate
+from specli.costs import CostModel
+from specli.policy import AutoK, Calibration, Learned, _SourceEstimate
 from specli.sampling import SamplingParams, acceptance_probability
 from specli.stats import expected_tokens_per_round
 
@@ -29,7 +30,7 @@ def test_nothing_predicted_before_a_single_token_verify_is_measured() -> None:
     assert costs.verify_seconds(5) is None
     costs.observe_verify(3, 0.05)
     assert costs.verify_seconds(5) is None
-    assert AutoK(costs).choose_k("draft", 0) == 0
+    assert AutoK(costs).choose_k("draft") == 0
 
 
 def test_measured_sizes_give_their_median_and_unmeasured_ones_are_interpolated() -> None:
@@ -69,8 +70,8 @@ def test_auto_explores_past_the_first_step_of_a_cpu_staircase_and_settles() -> N
     alpha = 0.8
     rng = random.Random(0)
     chosen = []
-    for round_index in range(60):
-        k = policy.choose_k("ngram/3", round_index)
+    for _ in range(60):
+        k = policy.choose_k("ngram/3")
         chosen.append(k)
         accepted = 0
         while accepted < k and rng.random() < alpha:  # each draft token accepted with probability alpha
@@ -88,7 +89,7 @@ def test_auto_chooses_plain_decoding_when_drafts_are_never_accepted_and_probes_w
     policy = AutoK(costs, probe_every=4)
     probes = []
     for round_index in range(200):
-        k = policy.choose_k("draft", round_index)
+        k = policy.choose_k("draft")
         if k:
             probes.append(round_index)
         policy.observe("draft", k, 0, 0.002 * k, CPU_STAIRCASE.get(k + 1, 0.1) / 1000)
@@ -104,8 +105,8 @@ def test_each_source_keeps_its_own_acceptance() -> None:
         policy.observe("ngram/1", 4, 0, 0.0, 0.064)
     assert policy.sources["ngram/3"].alpha > 0.9
     assert policy.sources["ngram/1"].alpha < 0.1
-    assert policy.choose_k("ngram/3", 50) >= 4
-    assert policy.choose_k("ngram/1", 51) == 0
+    assert policy.choose_k("ngram/3") >= 4
+    assert policy.choose_k("ngram/1") == 0
 
 
 def test_shadow_proposals_teach_acceptance_while_plain_and_bring_drafting_back() -> None:
@@ -114,10 +115,10 @@ def test_shadow_proposals_teach_acceptance_while_plain_and_bring_drafting_back()
     policy = AutoK(_costs(CPU_STAIRCASE), k_max=8)
     for _ in range(10):
         policy.observe("draft", 4, 0, 0.008, 0.0643)
-    assert policy.choose_k("draft", 10) == 0
+    assert policy.choose_k("draft") == 0
     ks = []
-    for round_index in range(11, 40):
-        k = policy.choose_k("draft", round_index)
+    for _ in range(11, 40):
+        k = policy.choose_k("draft")
         ks.append(k)
         if k == 0:
             if policy.wants_shadow("draft"):
@@ -154,11 +155,12 @@ def _gated(c_draft: float = 0.0017) -> AutoK:
     costs = _costs(CPU_STAIRCASE)
     for _ in range(2):  # the first is taken for a cold decode and left out
         costs.observe_draft("draft", 1, c_draft)
-    cal = costs.calibration.setdefault("draft", Calibration())
+    policy = AutoK(costs, k_max=8, confident=["draft"])
+    cal = policy.learned.calibration["draft"]
     for _ in range(30):
         cal.observe(0.99, 1.0)
         cal.observe(0.3, 0.0)
-    return AutoK(costs, k_max=8)
+    return policy
 
 
 def _run_gate(policy: AutoK, confidences: list[float], k: int = 8) -> int:
@@ -195,21 +197,21 @@ def test_gate_weighs_each_position_against_the_verify_staircase() -> None:
     for c_draft, k in ((0.0017, 8), (0.030, 0)):
         policy = _gated(c_draft=c_draft)
         for _ in range(5):
-            policy.costs.calibration["draft"].observe_first(0.99)
-        assert policy.choose_k("draft", 5) == k
+            policy.learned.calibration["draft"].observe_first(0.99)
+        assert policy.choose_k("draft") == k
 
 
 def test_auto_stops_looking_at_the_draft_when_it_is_never_confident_and_comes_back() -> None:
     policy = _gated(c_draft=0.004)
-    for round_index in range(20):  # the text is hard: the draft is unsure at every first position
-        k = policy.choose_k("draft", round_index)
+    for _ in range(20):  # the text is hard: the draft is unsure at every first position
+        k = policy.choose_k("draft")
         if k:
             _run_gate(policy, [0.3], k)
-    assert policy.choose_k("draft", 20) == 0
-    for round_index in range(21, 40):  # now it is sure (seen in shadows)
-        if policy.choose_k("draft", round_index) == 0 and policy.wants_shadow("draft"):
+    assert policy.choose_k("draft") == 0
+    for _ in range(21, 40):  # now it is sure (seen in shadows)
+        if policy.choose_k("draft") == 0 and policy.wants_shadow("draft"):
             assert not policy.gate("draft", 1, shadow=True)(0, 0.99)
-    assert policy.choose_k("draft", 40) == 8
+    assert policy.choose_k("draft") == 8
 
 
 def test_a_cold_first_draft_decode_is_not_taken_for_the_draft_cost() -> None:
@@ -225,15 +227,15 @@ def test_no_shadows_when_even_a_sure_draft_could_not_pay() -> None:
     dear as the target that costs more than the speculation it could bring back, so auto stops
     (one shadow per generation re-measures the draft)."""
     policy = _gated(c_draft=0.030)
-    policy.costs.calibration["draft"].observe_first(0.99)
+    policy.learned.calibration["draft"].observe_first(0.99)
     shadows = []
-    for round_index in range(1, 40):
-        assert policy.choose_k("draft", round_index) == 0
+    for _ in range(1, 40):
+        assert policy.choose_k("draft") == 0
         shadows.append(policy.wants_shadow("draft"))
     assert policy.hopeless and shadows[0] and not any(shadows[1:])
     cheap = _gated(c_draft=0.004)
-    cheap.costs.calibration["draft"].observe_first(0.3)
-    assert cheap.choose_k("draft", 1) == 0 and not cheap.hopeless
+    cheap.learned.calibration["draft"].observe_first(0.3)
+    assert cheap.choose_k("draft") == 0 and not cheap.hopeless
 
 
 def test_probes_look_past_the_first_token() -> None:
@@ -241,7 +243,7 @@ def test_probes_look_past_the_first_token() -> None:
     accepted) would repeat for a whole generation and a2 would never be corrected."""
     policy = AutoK(_costs(CPU_STAIRCASE), k_max=8, probe_every=2)
     policy.sources["ngram/3"] = _SourceEstimate([0.6, 1.0], [0.1, 10.0])  # a1 0.6, a2 0.01
-    probes = [k for k in (policy.choose_k("ngram/3", i) for i in range(1, 12)) if k]
+    probes = [k for k in (policy.choose_k("ngram/3") for i in range(1, 12)) if k]
     assert probes and min(probes) >= 2
 
 
@@ -273,8 +275,8 @@ def test_partial_acceptance_counts_the_first_position_and_the_later_ones_apart()
 
 
 def test_a_rounds_confidences_calibrate_up_to_the_first_rejection() -> None:
-    policy = AutoK(_costs(CPU_STAIRCASE))
-    cal = policy.costs.calibration.setdefault("draft", Calibration())
+    policy = AutoK(_costs(CPU_STAIRCASE), confident=["draft"])
+    cal = policy.learned.calibration["draft"]
     before_seen, before_accepted = cal.seen.copy(), cal.accepted.copy()
     # Four drafts, two accepted: positions 0 and 1 passed, 2 failed, 3 was never examined.
     policy.observe("draft", 4, 2, 0.004, 0.06, confidence=[0.99, 0.85, 0.45, 0.15])
@@ -290,14 +292,14 @@ def test_a_rounds_confidences_calibrate_up_to_the_first_rejection() -> None:
 
 
 def test_the_estimate_carries_to_the_next_generation_halfway_back_to_neutral() -> None:
-    costs = _costs(CPU_STAIRCASE)
-    first = AutoK(costs)
+    costs, learned = _costs(CPU_STAIRCASE), Learned()
+    first = AutoK(costs, learned)
     for _ in range(30):
         first.observe("ngram/3", 4, 3, 0.0, 0.064)  # three of four: a1 high, a2 lower
     est = first.sources["ngram/3"]
-    assert costs.acceptance["ngram/3"] == (est.a1, est.a2)
+    assert learned.acceptance["ngram/3"] == (est.a1, est.a2)
     assert est.a1 > 0.95 and 0.6 < est.a2 < 0.7
-    second = AutoK(costs)  # the next generation on the same models
+    second = AutoK(costs, learned)  # the next generation on the same models
     carried = second._estimate("ngram/3")
     assert carried.a1 == pytest.approx((est.a1 + 0.5) / 2)
     assert carried.a2 == pytest.approx((est.a2 + 0.5) / 2)
@@ -305,14 +307,14 @@ def test_the_estimate_carries_to_the_next_generation_halfway_back_to_neutral() -
     fresh = AutoK(_costs(CPU_STAIRCASE))._estimate("ngram/3")
     assert (fresh.a1, fresh.a2) == (0.5, 0.5)
     # What the carried prior is for: the next generation drafts from its first round.
-    assert second.choose_k("ngram/3", 0) > 0 == AutoK(_costs(CPU_STAIRCASE)).choose_k("ngram/3", 0)
+    assert second.choose_k("ngram/3") > 0 == AutoK(_costs(CPU_STAIRCASE)).choose_k("ngram/3")
 
 
 def test_probe_interval_doubles_after_each_failed_probe_and_resets_after_a_full_one() -> None:
     policy = AutoK(_costs(CPU_STAIRCASE), probe_every=4)
     probes: list[int] = []
     for round_index in range(800):
-        k = policy.choose_k("draft", round_index)
+        k = policy.choose_k("draft")
         if k:
             probes.append(round_index)
             assert k >= 2  # a probe looks past the first token
@@ -324,7 +326,7 @@ def test_probe_interval_doubles_after_each_failed_probe_and_resets_after_a_full_
 
     def next_probe(p: AutoK) -> int:
         while True:
-            k = p.choose_k("draft", 0)
+            k = p.choose_k("draft")
             if k:
                 return k
             p.observe("draft", 0, 0, 0.0, CPU_STAIRCASE[1] / 1000)

@@ -359,13 +359,14 @@ def test_context_exhausted_mid_round_keeps_caches_consistent(fixture_models, k) 
         expected = [e.token for e in events if isinstance(e, TokenEvent)]
     with load(fixture_models.target, fixture_models.draft, n_ctx=256, n_threads=1) as spec:
         params = GenerationParams(max_tokens=1000, sampling=greedy, draft_max=k, ignore_eos=True)
-        events = list(spec.generate(PROMPT, params))
+        generation = spec.generate(PROMPT, params)
+        events = list(generation)
         got = [e.token for e in events if isinstance(e, TokenEvent)]
         assert events[-1].stop_reason == "context"
-        assert spec.target.tokens == spec.engine.context[:-1]
-        assert len(spec.engine.context) <= spec.target.n_ctx + 1
+        assert spec.target.tokens == generation.context[:-1]
+        assert len(generation.context) <= spec.target.n_ctx + 1
         drafter_model = spec.drafter.model
-        assert drafter_model.tokens == spec.engine.context[: drafter_model.n_past]
+        assert drafter_model.tokens == generation.context[: drafter_model.n_past]
     assert got == expected
 
 
@@ -799,9 +800,8 @@ def test_memory_is_flat_across_generations(fixture_models) -> None:
     samples = []
     with load(fixture_models.target, fixture_models.draft, n_ctx=2048, n_threads=1) as spec:
         for seed in range(6):
-            for _ in spec.generate(PROMPT, replace(params, seed=seed)):
-                pass
-            assert spec.stats.n_generated == 600
+            generation = spec.generate(PROMPT, replace(params, seed=seed)).complete()
+            assert generation.stats.n_generated == 600
             samples.append(_rss_bytes())
     grown = min(samples[4:6]) - min(samples[1:3])
     kib = [s >> 10 for s in samples]

@@ -23,7 +23,6 @@ from support import (
 )
 
 from specli.drafters.base import Draft
-from specli.engine import speculative_step
 from specli.sampling import (
     SamplingError,
     SamplingParams,
@@ -33,6 +32,7 @@ from specli.sampling import (
     residual_distribution,
     sample,
 )
+from specli.verify import speculative_step
 
 
 def reference_process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specli import GenerationParams, SamplingParams, TokenEvent, load
+from specli import Generation, GenerationParams, SamplingParams, load
 from specli.llama import Model, ModelOptions
 from specli.sampling import Noise, distribution
 
@@ -24,7 +24,11 @@ DEFAULTS = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 
 
 def tokens(spec, prompt: str, **kw) -> list[int]:
-    return [e.token for e in spec.generate(prompt, GenerationParams(**kw)) if isinstance(e, TokenEvent)]
+    return run(spec, prompt, **kw).tokens
+
+
+def run(spec, prompt: str, **kw) -> Generation:
+    return spec.generate(prompt, GenerationParams(**kw)).complete()
 
 
 def plain(target, prompt: str, seeds, **kw) -> dict[int, list[int]]:
@@ -43,11 +47,11 @@ def test_same_as_plain_prints_what_plain_prints(fixture_models, drafter, samplin
         drafted = accepted = 0
         with load(fixture_models.target, draft, n_ctx=512, n_threads=1, ngram=drafter == "combined") as spec:
             for seed in seeds:
-                got = tokens(spec, prompt, seed=seed, max_tokens=48, sampling=sampling, draft_max=k)
-                assert got == expected[seed], f"k={k} seed={seed}"
-                assert spec.stats.sampling_mode == "same-as-plain" and spec.stats.seed == seed
-                drafted += spec.stats.drafted
-                accepted += spec.stats.accepted
+                gen = run(spec, prompt, seed=seed, max_tokens=48, sampling=sampling, draft_max=k)
+                assert gen.tokens == expected[seed], f"k={k} seed={seed}"
+                assert gen.stats.sampling_mode == "same-as-plain" and gen.stats.seed == seed
+                drafted += gen.stats.drafted
+                accepted += gen.stats.accepted
         if k != "auto":
             # Not a vacuous identity: drafts were made, some accepted and some rejected.
             assert drafted > 0 and 0 < accepted < drafted, (k, drafted, accepted)
@@ -80,8 +84,9 @@ def test_rejection_mode_reproduces_at_a_fixed_k(fixture_models) -> None:
     reproduces a run at a fixed k, but what it prints differs from plain decoding."""
     params = dict(max_tokens=40, sampling=TEMP1, seed=5, draft_max=3, same_as_plain=False)
     with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
-        a = tokens(spec, PROMPT, **params)
-        assert spec.stats.sampling_mode == "rejection"
+        first = run(spec, PROMPT, **params)
+        a = first.tokens
+        assert first.stats.sampling_mode == "rejection"
         b = tokens(spec, PROMPT, **params)
     assert a == b
 

@@ -88,9 +88,11 @@ def test_figures_of_a_hand_built_stream() -> None:
     assert d["verify_ms_by_batch_size"] == {"1": 11.0, "3": 15.0, "5": 20.0}
     assert d["tokens_per_second"] == pytest.approx(70.0)
     assert d["overhead_fraction"] == pytest.approx(0.25)
-    # Leviathan with the measured alpha and T_v(1) = 11 ms: E tokens per round over what rounds cost.
-    alpha = 8 / 11
-    expected = sum(expected_tokens_per_round(alpha, k) for k in (0, 4, 4, 2, 0, 4))
+    # Two rates: the first draft passed in 3 of 4 drafting rounds (a1); later drafts passed 5 times of 7
+    # judged (3 in the full round, 0 + the rejected 2nd in the k=4/1 round, 2 + the rejected 4th).
+    assert (stats.a1, stats.a2) == (pytest.approx(3 / 4), pytest.approx(5 / 7))
+    # The prediction with them and T_v(1) = 11 ms: expected tokens per round over what rounds cost.
+    expected = sum(_expected(3 / 4, 5 / 7, k) for k in (0, 4, 4, 2, 0, 4))
     assert d["predicted_speedup"] == pytest.approx(expected * 0.011 / (0.010 + 0.097), abs=1e-3)
     assert d["stop_reason"] == "length"
 
@@ -114,6 +116,12 @@ def test_figures_without_data_are_none_not_zero() -> None:
 # -- real generations: the stats agree with the events of their own run ------------------------------------
 
 
+def _expected(a1: float, a2: float, k: int) -> float:
+    """Tokens a round of k drafts yields on average: the target's own, plus draft j when drafts 1..j
+    all pass (the first with a1, each later one with a2)."""
+    return 1.0 + sum(a1 * a2 ** (j - 1) for j in range(1, k + 1))
+
+
 def _from_events(events: list) -> dict:
     """The figures recomputed from a run's events, independently of GenerationStats."""
     tokens = [e for e in events if isinstance(e, TokenEvent)]
@@ -127,8 +135,11 @@ def _from_events(events: list) -> dict:
     if alpha is None or not plain_verify:
         predicted = None
     else:
+        a1 = sum(1 for r in drafting if r.accepted) / len(drafting)
+        later = sum(r.accepted - 1 + (r.accepted < r.k) for r in drafting if r.accepted)
+        a2 = sum(r.accepted - 1 for r in drafting if r.accepted) / later if later else a1
         t1 = sum(plain_verify) / len(plain_verify)
-        predicted = sum(expected_tokens_per_round(alpha, r.k) for r in rounds) * t1 / spent
+        predicted = sum(_expected(a1, a2, r.k) for r in rounds) * t1 / spent
     return {
         "generated_tokens": len(tokens),
         "rounds": len(rounds),
@@ -162,8 +173,9 @@ def test_stats_of_a_real_run_are_those_its_events_imply(fixture_models, name) ->
     params = GenerationParams(max_tokens=48, sampling=SamplingParams(temperature=temperature), seed=3,
                               draft_max=draft_max, ignore_eos=True)
     with load(fixture_models.target, draft_arg, n_ctx=256, n_threads=1, ngram=ngram) as spec:
-        events = list(spec.generate("Once upon a time there was a fox. Once upon a time", params))
-        d = spec.stats.as_dict()
+        generation = spec.generate("Once upon a time there was a fox. Once upon a time", params)
+        events = list(generation)
+        d = generation.stats.as_dict()
     want = _from_events(events)
     assert want["drafted"] > 0, "the run must draft for this test to mean anything"
     assert want["generated_tokens"] == 48  # ignore_eos: exactly max_tokens
@@ -191,4 +203,4 @@ def test_stats_of_a_real_run_are_those_its_events_imply(fixture_models, name) ->
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.stop_reason == d["stop_reason"] == "length"
     assert done.text == "".join(e.text for e in events if isinstance(e, TokenEvent))
-    assert d["tokens_per_second"] == pytest.approx(48 / spec.stats.generation_seconds, rel=1e-2)
+    assert d["tokens_per_second"] == pytest.approx(48 / generation.stats.generation_seconds, rel=1e-2)

@@ -21,6 +21,8 @@ from typer.testing import CliRunner
 
 from specli import GenerationParams, SamplingParams, load
 from specli.cli import app
+from specli.drafters.model import DraftModelDrafter
+from specli.drafters.ngram import NGramDrafter
 from specli.events import DoneEvent, Origin, RejectedEvent, RoundEvent, TokenEvent
 from specli.stats import GenerationStats
 from specli.ui.stream import TokenPrinter, legend, sparkline, stats_lines, stats_panel
@@ -95,11 +97,17 @@ SYNTHETIC = [
 ]
 
 
+# What the drafters declare (front ends never test for a drafter's name).
+MODEL_SOURCES = DraftModelDrafter.sources
+COMBINED_SOURCES = (*DraftModelDrafter.sources, *NGramDrafter.sources)
+
+
 @pytest.mark.parametrize("show_rejected", [False, True])
 @pytest.mark.parametrize("combined", [False, True])
 def test_token_printer_styles_each_origin(show_rejected: bool, combined: bool) -> None:
     console = terminal()
-    printer = TokenPrinter(console, show_rejected=show_rejected, colour_drafters=combined)
+    sources = COMBINED_SOURCES if combined else MODEL_SOURCES
+    printer = TokenPrinter(console, show_rejected=show_rejected, sources=sources)
     for event in SYNTHETIC:
         printer(event)
     text, got = looks(console.file.getvalue())
@@ -125,7 +133,7 @@ def test_legend_names_what_is_shown() -> None:
     console = terminal()
     console.width = 200  # one line each
     console.print(legend(False))
-    console.print(legend(True, ("draft", "ngram")))
+    console.print(legend(True, COMBINED_SOURCES))
     text, got = looks(console.file.getvalue())
     single, combined = text.split("\n")[:2]
     assert "accepted draft" in single and "target's correction" in single and "bonus" in single

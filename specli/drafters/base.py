@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specli.llama import Model
 from specli.sampling import Dist, Sampler
 
 # Asked before each position of a round is drafted: (position in the round, from 0; the drafter's top
@@ -50,10 +51,28 @@ class Draft:
         return Draft([], None, drafter)
 
 
+@dataclass(frozen=True)
+class Source:
+    """One kind of proposal a drafter makes, as the policy keys it and front ends show it."""
+
+    name: str  # Draft.drafter, TokenEvent.drafter, the policy's key, what front ends print
+    role: str  # colour role: "model" (a draft model) or "lookup" (copied from the context)
+    confident: bool  # reports its confidence per position: auto gives it a gate and a calibration
+
+
 class Drafter(ABC):
-    """Proposes tokens. The engine calls begin() once per generation, then draft()/accept() per round."""
+    """Proposes tokens. The Proposer calls begin() once per generation, then draft()/accept() per round.
+
+    A drafter declares what it is (`name`, its `sources`, the llama.cpp `models` it holds), so front
+    ends and the policy never test for a drafter's name or class."""
 
     name: str = "drafter"
+    sources: tuple[Source, ...] = ()
+
+    @property
+    def models(self) -> list[Model]:
+        """The llama.cpp models this drafter holds (none for n-gram lookup)."""
+        return []
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         """A generation starts over `context` (the prompt): prefill, reset indexes. `sampler` is how

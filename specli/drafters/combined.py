@@ -5,6 +5,7 @@ from __future__ import annotations
 from specli.drafters.base import Draft, Drafter, DraftGate
 from specli.drafters.model import DraftModelDrafter
 from specli.drafters.ngram import NGramDrafter
+from specli.llama import Model
 from specli.sampling import Sampler
 
 
@@ -18,6 +19,11 @@ class CombinedDrafter(Drafter):
         self.model_drafter = model_drafter
         self.ngram = ngram
         self.min_match = min_match
+        self.sources = (*model_drafter.sources, *ngram.sources)
+
+    @property
+    def models(self) -> list[Model]:
+        return self.model_drafter.models
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self.ngram.begin(context, sampler)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition
+from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition, Source
 from specli.llama import Model
 from specli.sampling import (
     Dist,
@@ -29,6 +29,7 @@ class DraftModelDrafter(Drafter):
     """
 
     name = "draft"
+    sources = (Source("draft", "model", confident=True),)
 
     def __init__(self, model: Model, target_vocab: int, *, p_min: float = 0.0) -> None:
         self.model = model
@@ -102,6 +103,10 @@ class DraftModelDrafter(Drafter):
     @property
     def decode_seconds(self) -> float:
         return self.model.decode_seconds
+
+    @property
+    def models(self) -> list[Model]:
+        return [self.model]
 
     def close(self) -> None:
         self.model.close()

@@ -14,7 +14,7 @@ the counts are what keep one stray continuation from outvoting many (as llama.cp
 
 from __future__ import annotations
 
-from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition
+from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition, Source
 from specli.sampling import Sampler
 
 # A continuation is used when seen at least this often and taking this share of what followed the
@@ -25,6 +25,7 @@ _MIN_SHARE = (0.66, 0.5, 0.5, 0.5)
 
 class NGramDrafter(Drafter):
     name = "ngram"
+    sources = (Source("ngram", "lookup", confident=True),)
 
     def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
         if not 1 <= n_min <= n_max:

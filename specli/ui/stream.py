@@ -5,12 +5,15 @@ The UI only consumes events; it never calls the engine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from specli.drafters.base import Source
 from specli.events import Event, Origin, RejectedEvent, TokenEvent
 from specli.stats import GenerationStats
 
@@ -20,17 +23,18 @@ ORIGIN_STYLES: dict[Origin, str] = {
     Origin.BONUS: "cyan",
     Origin.PLAIN: "",
 }
-# Accepted tokens by drafter, when more than one drafter is at work (combined drafting).
-DRAFTER_STYLES = {"draft": "green", "ngram": "magenta"}
+# Accepted tokens by the role of the source that drafted them, when a drafter has more than one
+# (combined drafting: a draft model and n-gram lookup).
+ROLE_STYLES = {"model": "green", "lookup": "magenta"}
 REJECTED_STYLE = "red dim strike"
 
 
-def legend(show_rejected: bool, drafters: tuple[str, ...] = ("draft",)) -> Text:
+def legend(show_rejected: bool, sources: Sequence[Source] = ()) -> Text:
     text = Text()
-    if len(drafters) > 1:
-        for name in drafters:
-            text.append("■ ", style=DRAFTER_STYLES.get(name, "green"))
-            text.append(f"accepted ({name})  ", style="dim")
+    if len(sources) > 1:
+        for source in sources:
+            text.append("■ ", style=ROLE_STYLES.get(source.role, "green"))
+            text.append(f"accepted ({source.name})  ", style="dim")
     else:
         text.append("■ ", style="green")
         text.append("accepted draft  ", style="dim")
@@ -44,22 +48,25 @@ def legend(show_rejected: bool, drafters: tuple[str, ...] = ("draft",)) -> Text:
 
 
 class TokenPrinter:
-    """Writes each token's text in its origin's colour as the events arrive."""
+    """Writes each token's text in its origin's colour as the events arrive (accepted tokens in their
+    source's colour when the drafter has more than one source)."""
 
     def __init__(
-        self, console: Console, *, show_rejected: bool = False, colour_drafters: bool = False
+        self, console: Console, *, show_rejected: bool = False, sources: Sequence[Source] = ()
     ) -> None:
         self.console = console
         self.show_rejected = show_rejected
-        self.colour_drafters = colour_drafters
+        self.source_styles = (
+            {s.name: ROLE_STYLES.get(s.role, "green") for s in sources} if len(sources) > 1 else {}
+        )
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, TokenEvent):
             if not event.text:
                 return
             style = ORIGIN_STYLES[event.origin]
-            if event.origin is Origin.ACCEPTED and self.colour_drafters and event.drafter:
-                style = DRAFTER_STYLES.get(event.drafter, style)
+            if event.origin is Origin.ACCEPTED and event.drafter:
+                style = self.source_styles.get(event.drafter, style)
             self.console.print(Text(event.text, style=style), end="", soft_wrap=True)
         elif isinstance(event, RejectedEvent) and self.show_rejected and event.text:
             self.console.print(Text(event.text, style=REJECTED_STYLE), end="", soft_wrap=True)

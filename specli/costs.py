@@ -1,0 +1,152 @@
+"""What a round costs and what it yields: the one model that `-k auto`, the stats panel and `specli
+bench` all use, so the figure a user reads explains the k that was chosen.
+
+Acceptance comes in two rates: a1, that a round's first draft is accepted, and a2, that a later one
+is, given the one before it was. Acceptance comes in runs (once a draft is on track, a copy or a
+passage it knows, it tends to stay there), so a2 > a1 is common, and a single alpha fitted to both
+would make long drafts look worse than they are. A round of k drafts then yields
+
+    E(k) = 1 + a1 (1 - a2^k) / (1 - a2)        (Leviathan et al.'s (1 - a^(k+1)) / (1 - a) at a1 = a2)
+
+tokens for k c_d + T_v(k + 1) seconds: c_d a draft step, T_v(m) the target's decode of m tokens.
+T_v is measured per batch size; `verify_curve` is the one rule for the sizes not measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+# With one batched size measured, the extra cost per token assumed beyond it, as a share of T_v(1):
+# optimistic (GPUs are nearly flat), so that auto tries larger batches and measures them.
+OPTIMISTIC_SLOPE = 0.05
+
+
+def expected_tokens(a1: float, a2: float, k: int) -> float:
+    """E[tokens a round of k drafts emits]: the accepted drafts, plus the target's own token."""
+    if k <= 0:
+        return 1.0
+    if a2 >= 1.0:
+        return 1.0 + a1 * k
+    return 1.0 + a1 * (1.0 - a2**k) / (1.0 - a2)
+
+
+def later_examined(k: int, accepted: int) -> int:
+    """Drafts after the first that the target judged in a round of k with `accepted` accepted: the
+    accepted ones after the first, and the first rejected one if it was not the first draft."""
+    if accepted == 0:
+        return 0
+    return accepted - 1 + (1 if accepted < k else 0)
+
+
+def verify_curve(known: Mapping[int, float], m_max: int) -> list[float] | None:
+    """T_v(m) for m = 1..m_max (index m - 1) from measured seconds by batch size; None without T_v(1).
+
+    Measured sizes are made non-decreasing in m; sizes between two measured ones are interpolated;
+    sizes above the largest measured one are extrapolated with the smallest per-token slope measured
+    between batched sizes (or an optimistic default). On CPUs T_v is a staircase (m = 2 can cost
+    twice m = 1 while m = 3..6 cost little more than m = 2): a straight line through the first two
+    points would never let auto find that out.
+    """
+    if 1 not in known:
+        return None
+    sizes = sorted(known)
+    mono: dict[int, float] = {}
+    running = 0.0
+    for m in sizes:
+        running = mono[m] = max(known[m], running)
+    batched = [m for m in sizes if m >= 2]
+    slopes = [(mono[b] - mono[a]) / (b - a) for a, b in zip(batched, batched[1:], strict=False)]
+    slope = min(slopes) if slopes else OPTIMISTIC_SLOPE * mono[1]
+    out: list[float] = []
+    for m in range(1, m_max + 1):
+        if m in mono:
+            out.append(mono[m])
+            continue
+        below = max(s for s in sizes if s < m)
+        above = [s for s in sizes if s > m]
+        if above:
+            a = above[0]
+            out.append(mono[below] + (mono[a] - mono[below]) * (m - below) / (a - below))
+        elif below == 1:
+            # A batch costs at least what a single token does, plus the per-token slope.
+            out.append(mono[1] * (1 + OPTIMISTIC_SLOPE * (m - 1)))
+        else:
+            out.append(mono[below] + slope * (m - below))
+    return out
+
+
+def predicted_speedup(
+    verify: Sequence[float],
+    a1: float | None,
+    a2: float | None,
+    draft_seconds_per_token: float | None,
+    k_per_round: Sequence[int],
+) -> float | None:
+    """Predicted speed over plain decoding of the rounds `k_per_round`:
+    sum E(k) * T_v(1) / sum (k c_d + T_v(k + 1)), with `verify` the curve T_v(1..) in seconds (long
+    enough for every k + 1). None without rounds, or with drafts but no acceptance or draft cost."""
+    if not k_per_round:
+        return None
+    expected = cost = 0.0
+    for k in k_per_round:
+        if k == 0:
+            expected += 1.0
+            cost += verify[0]
+            continue
+        if a1 is None or draft_seconds_per_token is None:
+            return None
+        expected += expected_tokens(a1, a1 if a2 is None else a2, k)
+        cost += k * draft_seconds_per_token + verify[k]
+    return expected * verify[0] / cost if cost > 0 else None
+
+
+@dataclass
+class CostModel:
+    """Verify seconds by batch size and draft seconds per token by source, as measured so far on this
+    machine with these models (it outlives a generation; acceptance, which describes the text, does
+    not live here)."""
+
+    window: int = 9  # recent samples per batch size; their median resists bursts of machine load
+    verify: dict[int, deque[float]] = field(default_factory=dict)
+    draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
+
+    # The curve is recomputed when a new size is measured or every `refresh` samples: a round on a
+    # tiny model takes well under a millisecond, and this runs every round.
+    refresh: int = 8
+    _curve: list[float] | None = field(default=None, repr=False)
+    _draft_seen: set[str] = field(default_factory=set, repr=False)
+    _stale: int = 0
+
+    def observe_verify(self, m: int, seconds: float) -> None:
+        if m not in self.verify:
+            self._curve = None
+        self.verify.setdefault(m, deque(maxlen=self.window)).append(seconds)
+        self._stale += 1
+        if self._stale >= self.refresh:
+            self._curve, self._stale = None, 0
+
+    def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
+        if source not in self._draft_seen:
+            # A model's first single-token decodes build their graphs: on a small draft that can
+            # take 10x a warm step, and a cost that high would stop auto from ever drafting again.
+            self._draft_seen.add(source)
+            return
+        slot = self.draft.setdefault(source, [0.0, 0.0])
+        slot[0] = decay * slot[0] + seconds
+        slot[1] = decay * slot[1] + tokens
+
+    def draft_seconds_per_token(self, source: str | None) -> float | None:
+        slot = self.draft.get(source or "")
+        return slot[0] / slot[1] if slot and slot[1] > 0 else None
+
+    def verify_seconds(self, m_max: int) -> list[float] | None:
+        """Predicted T_v(m) for m = 1..m_max from the medians measured so far (`verify_curve`)."""
+        if self._curve is not None and len(self._curve) >= m_max:
+            return self._curve[:m_max]
+        if 1 not in self.verify:
+            return None
+        self._curve = verify_curve({m: statistics.median(s) for m, s in self.verify.items()}, m_max)
+        return self._curve

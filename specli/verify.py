@@ -1,0 +1,111 @@
+"""The round's decision: which drafted tokens the target accepts, and the token it adds.
+
+Given the target's k + 1 rows of logits for [pending, d1..dk], `verify` accepts a prefix d1..dn by an
+exact rule and appends one token drawn by the target (a correction after a rejection, a bonus after
+full acceptance). The output follows the target's distribution whatever was drafted (Leviathan et
+al. 2023, Chen et al. 2023); with a seed and `same_as_plain` it is plain decoding's very tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specli.drafters.base import Draft
+from specli.sampling import (
+    ACCEPT,
+    RESIDUAL,
+    Dist,
+    Noise,
+    Sampler,
+    SamplingParams,
+    distribution,
+    greedy_token,
+    mask_banned,
+    proposal_acceptance,
+)
+
+
+@dataclass
+class Verdict:
+    """What the target made of a round: the tokens to commit (accepted drafts, then its own token),
+    how many drafts it accepted, and its processed rows as far as it needed them (None when greedy),
+    so nothing processes a row twice."""
+
+    tokens: list[int]
+    n_accepted: int
+    dists: list[Dist | None]
+
+
+def verify(target_rows: np.ndarray, draft: Draft, sampler: Sampler, position: int) -> Verdict:
+    """One round's decision from the target's k + 1 logits rows; row i predicts sequence `position + i`.
+
+    Greedy, and sampling with `same_as_plain`: the target draws its own token at each position (argmax,
+    or the Gumbel-max draw with the position's noise, which plain decoding draws too) and accepts
+    drafts while they equal it, so the output is plain decoding's whatever was drafted.
+    Otherwise the rejection rule: accept d_i while u_i < p_i(d_i) / q_i(d_i); at the first rejection
+    draw from norm(max(p - q, 0)); after k acceptances draw a bonus token from p_(k+1).
+    """
+    d = draft.tokens
+    k = len(d)
+    params, noise = sampler.params, sampler.noise
+    if params.banned:
+        mask_banned(target_rows, params.banned)  # once, in place; then nothing checks them again
+        params = params.unbanned
+    dists: list[Dist | None] = []
+    if params.greedy or sampler.same_as_plain:
+        for i in range(k + 1):
+            if params.greedy:
+                own, p = greedy_token(target_rows[i], params.banned), None
+            else:
+                p = distribution(target_rows[i], params)
+                own = p.draw(noise, position + i)
+            dists.append(p)
+            if i == k or own != d[i]:
+                return Verdict([*d[:i], own], i, dists)
+    qs = _proposal_dists(draft)
+    for i in range(k):
+        p = distribution(target_rows[i], params)
+        dists.append(p)
+        q = qs[i] if qs is not None else None
+        q_d = q.prob(d[i]) if q is not None else 1.0
+        if not noise.uniform(position + i, ACCEPT) * q_d < p.prob(d[i]):
+            return Verdict([*d[:i], p.residual(q, d[i]).draw(noise, position + i, RESIDUAL)], i, dists)
+    p = distribution(target_rows[k], params)
+    dists.append(p)
+    return Verdict([*d, p.draw(noise, position + k)], k, dists)
+
+
+def _proposal_dists(draft: Draft) -> list[Dist] | None:
+    if draft.probs is None or not isinstance(draft.probs, np.ndarray):
+        return draft.probs
+    width = draft.probs.shape[1]  # dense rows (k, vocab), as tests build them
+    return [Dist.from_probs(None, row.astype(np.float64), width) for row in draft.probs]
+
+
+def speculative_step(
+    target_rows: np.ndarray,
+    draft: Draft,
+    sampling: SamplingParams,
+    rng: np.random.Generator | Noise,
+    position: int = 0,
+    *,
+    same_as_plain: bool = False,
+) -> tuple[list[int], int]:
+    """verify() as (tokens to commit, n accepted); a numpy Generator stands for fresh noise."""
+    noise = rng if isinstance(rng, Noise) else Noise(int(rng.integers(2**62)))
+    verdict = verify(target_rows, draft, Sampler(sampling, noise, same_as_plain), position)
+    return verdict.tokens, verdict.n_accepted
+
+
+def acceptance_of(verdict: Verdict, i: int, token: int, q: Dist | None, same_as_plain: bool) -> float:
+    """How likely the target would have accepted `token` as a draft at row i, a row it reached with
+    every draft before it accepted (so verdict.tokens[i] is its own draw there). Greedy, or
+    same-as-plain with a draft model (whose `token` is the draft's own keyed draw): whether the two
+    draws agree, the rule itself. Otherwise the expectation over the draw: sum min(p, q), or p(token)
+    for a point mass (as it is under same-as-plain too)."""
+    p = verdict.dists[i]
+    if p is None or (same_as_plain and q is not None):
+        return float(token == verdict.tokens[i])
+    return proposal_acceptance(p, token, q)
