@@ -43,7 +43,7 @@ and none where it is guessing.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,6 +148,9 @@ class Learned:
     acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)
     calibration: dict[str, Calibration] = field(default_factory=dict)
 
+
+# A draft step cheaper than this share of a target token costs nothing worth weighing.
+_FREE_LOOK = 0.01
 
 _PRIOR_ALPHA = 0.5  # for a source never seen: neither hopeless nor a sure thing
 _PRIOR_WEIGHT = 2.0  # positions the prior counts for: the first rounds' evidence soon outweighs it
@@ -301,6 +304,10 @@ class AutoK(DraftPolicy):
             return 0
         inputs = self._gate_inputs(source)
         cal = self.learned.calibration[source]
+        if inputs is not None and inputs[1] < _FREE_LOOK * inputs[0][0]:
+            # Looking costs next to nothing (n-gram lookup): let the gate judge every round.
+            self.rounds_at_zero = 0
+            return self.k_max
         if inputs is not None and cal.first.sum() >= 1.0:
             worth = self._worth(source, inputs)
             price = inputs[2] * inputs[1]  # a draft step, in tokens at the reference rate
@@ -318,6 +325,9 @@ class AutoK(DraftPolicy):
         return self.k_max
 
     def gate(self, source: str, k: int, shadow: bool = False) -> DraftGate:
+        return _Gate(self, source, k, shadow)
+
+    def _gate_decider(self, source: str, k: int, shadow: bool) -> Callable[[int, float], bool]:
         """Draft position i (of k) iff some draft length j > i then pays, a Dinkelbach step at the
         reference rate r (the better of plain decoding and the recent rounds):
 
@@ -408,3 +418,40 @@ class AutoK(DraftPolicy):
         if cal is not None and confidence:
             for i in range(min(accepted + 1, k, len(confidence))):
                 cal.observe(confidence[i], float(i < accepted))
+
+
+class _Gate:
+    """AutoK's gate over one round: position by position (`__call__`, a draft model), or, for a drafter
+    that knows every position's confidence up front, the best prefix at once (`best_prefix`)."""
+
+    def __init__(self, policy: AutoK, source: str, k: int, shadow: bool) -> None:
+        self._decide = policy._gate_decider(source, k, shadow)
+        self._policy, self._source, self._shadow = policy, source, shadow
+
+    def __call__(self, position: int, confidence: float) -> bool:
+        return self._decide(position, confidence)
+
+    def best_prefix(self, confidences: Sequence[float]) -> int:
+        """The n that maximizes the round's expected accepted drafts, sum over j <= n of f_1...f_j
+        (f: each position's calibrated acceptance), less what the n drafts cost at the reference
+        rate, r [T_v(n + 1) - T_v(1) + (n - 1) c_d] (the first draft step is the price of looking);
+        0 when no n gains."""
+        if not confidences:
+            return 0
+        policy = self._policy
+        cal = policy.learned.calibration[self._source]
+        cal.observe_first(confidences[0])
+        if self._shadow:
+            return 0
+        inputs = policy._gate_inputs(self._source)
+        if inputs is None:
+            return min(2, len(confidences))  # costs unknown: a short draft measures them
+        verify, c_draft, rate = inputs
+        best_n, best, gain, survival = 0, 0.0, 0.0, 1.0
+        for n, confidence in enumerate(confidences[: len(verify) - 1], start=1):
+            survival *= min(cal.acceptance(confidence), 0.999)
+            gain += survival
+            value = gain - rate * (verify[n] - verify[0] + (n - 1) * c_draft)
+            if value > best:
+                best_n, best = n, value
+        return best_n

@@ -201,6 +201,24 @@ def test_gate_weighs_each_position_against_the_verify_staircase() -> None:
         assert policy.choose_k("draft") == k
 
 
+def test_a_drafter_that_looks_ahead_gets_the_best_prefix() -> None:
+    """n-gram lookup knows every position's confidence before it drafts any: a doubtful position that
+    sure ones follow (the turn of a repeated passage) is worth drafting through, though judged on its
+    own, position by position, it is not; doubtful positions at the end are left out."""
+    policy = _gated()
+    cal = policy.learned.calibration["draft"]
+    for _ in range(30):
+        cal.observe(0.6, 0.5)  # this pair: accepted half the time at confidence 0.6
+    gate = policy.gate("draft", 8)
+    assert gate.best_prefix([0.99] * 8) == 8
+    assert gate.best_prefix([0.6] + [0.99] * 7) == 8
+    assert _run_gate(policy, [0.6] + [0.99] * 7) == 0
+    assert gate.best_prefix([0.99] * 3 + [0.3] * 5) == 3
+    assert gate.best_prefix([0.3] * 8) == 0
+    assert gate.best_prefix([]) == 0
+    assert policy.gate("draft", 8, shadow=True).best_prefix([0.99] * 8) == 0  # a shadow only looks
+
+
 def test_auto_stops_looking_at_the_draft_when_it_is_never_confident_and_comes_back() -> None:
     policy = _gated(c_draft=0.004)
     for _ in range(20):  # the text is hard: the draft is unsure at every first position

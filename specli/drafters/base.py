@@ -6,15 +6,24 @@ A new drafter is a new file implementing `Drafter`; the engine does not change.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from specli.llama import Model
 from specli.sampling import Dist, Sampler
 
-# Asked before each position of a round is drafted: (position in the round, from 0; the drafter's top
-# probability there) -> draft it? The policy's way to stop a round early on a doubtful position.
-DraftGate = Callable[[int, float], bool]
+
+class DraftGate(Protocol):
+    """The policy's way to stop a round early on a doubtful position."""
+
+    def __call__(self, position: int, confidence: float) -> bool:
+        """Asked before each position is drafted (position in the round, from 0; the drafter's top
+        probability there): draft it?"""
+
+    def best_prefix(self, confidences: Sequence[float]) -> int:
+        """For a drafter that sees all its positions' confidences before drafting any (n-gram lookup
+        costs nothing to look ahead): how many of them to propose."""
 
 
 @dataclass

@@ -112,10 +112,12 @@ class NGramDrafter(Drafter):
         keeps sampling exact."""
         tokens, confidence = self._propose(context, k)
         held = None
-        if gate is not None:
-            for i, sure in enumerate(confidence):
-                if not gate(i, sure):
-                    held = HeldPosition(tokens[i], None, sure)
-                    tokens, confidence = tokens[:i], confidence[:i]
-                    break
+        if gate is not None and tokens:
+            # Looking ahead is free here, so the gate sees every position's confidence at once: a
+            # doubtful position followed by sure ones (the turn of a repeated passage) is still
+            # worth drafting through.
+            n = gate.best_prefix(confidence)
+            if n < len(tokens):
+                held = HeldPosition(tokens[n], None, confidence[n])
+                tokens, confidence = tokens[:n], confidence[:n]
         return Draft(tokens, None, self.name, confidence, held)
