@@ -34,15 +34,9 @@ from specli.chat import (
 from specli.chat_template import ChatTemplate
 from specli.cli import app
 from specli.events import DoneEvent, PromptEvent, TokenEvent
-from specli.synth import (
-    FIXTURE_N_VOCAB,
-    TOKEN_TYPE_CONTROL,
-    LlamaSpec,
-    Vocab,
-    fixture_documents,
-    train_vocab,
-    write_llama_gguf,
-)
+from specli.synth.fixtures import FIXTURE_N_VOCAB, fixture_documents
+from specli.synth.gguf_writer import LlamaSpec, write_llama_gguf
+from specli.synth.vocab import TOKEN_TYPE_CONTROL, Vocab, train_vocab
 
 GREEDY = ChatOptions(temperature=0.0, max_tokens=24, draft_max=3, history=False)
 
