@@ -516,7 +516,8 @@ def chat(
     config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
 ) -> None:
     """Chat with a local model, faster thanks to a draft; /help lists the slash commands."""
-    from specli.chat import ChatOptions, run_chat
+    from specli.chat.repl import run_chat
+    from specli.chat.session import ChatOptions
 
     err = make_console(stderr=True)
     with friendly_errors():

@@ -21,16 +21,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from specli import GenerationParams, SamplingParams, load
-from specli.chat import (
-    TRIM_TO,
-    ChatError,
-    ChatOptions,
-    ChatSession,
-    ContextNotice,
-    format_turn_line,
-    read_message,
-    run_chat,
-)
+from specli.chat.repl import read_message, run_chat
+from specli.chat.session import TRIM_TO, ChatError, ChatOptions, ChatSession, ContextNotice, format_turn_line
 from specli.chat_template import ChatTemplate
 from specli.cli import app
 from specli.events import DoneEvent, PromptEvent, TokenEvent
