@@ -13,10 +13,11 @@ Prefix property (for keeping the KV cache across chat turns): for the usual temp
 ``render(history + [assistant reply, next user message])`` starts with ``p1 + reply``.  The
 engine therefore only has to evaluate the new suffix.  Some templates break this on purpose
 (e.g. ones that strip earlier reasoning blocks, or that ``trim`` replies with surrounding
-whitespace), so callers should compare the token sequences (or use :func:`common_prefix_len`)
-rather than assume it.  Rendering itself is deterministic: ``strftime_now`` uses a clock
-frozen when the :class:`ChatTemplate` is built, so a date in the system prompt does not
-change in the middle of a session.
+whitespace), so callers should compare the token sequences rather than assume it (the engine
+keeps the cache's longest common token prefix with each new prompt: ``Model.keep_common_prefix``).
+Rendering itself is deterministic: ``strftime_now`` uses a clock frozen when the
+:class:`ChatTemplate` is built, so a date in the system prompt does not change in the middle of a
+session.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -36,9 +36,6 @@ __all__ = [
     "CHATML_TEMPLATE",
     "ChatTemplate",
     "ChatTemplateError",
-    "Message",
-    "common_prefix_len",
-    "render_chat",
 ]
 
 CHATML_TEMPLATE = (
@@ -78,26 +75,6 @@ class ChatTemplateError(Exception):
 
 class _TemplateRaised(Exception):
     """Raised by the template's own ``raise_exception(...)`` call."""
-
-
-@dataclass(frozen=True)
-class Message:
-    """One chat message; ``render`` also accepts plain ``{"role", "content"}`` dicts."""
-
-    role: str
-    content: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "content": self.content}
-
-
-def common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Length of the longest common prefix of two strings (or token lists)."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -147,17 +124,15 @@ def _make_environment(now: datetime) -> ImmutableSandboxedEnvironment:
     return env
 
 
-def _normalize_messages(messages: Sequence[Mapping[str, Any] | Message]) -> list[dict[str, Any]]:
+def _normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
-        if isinstance(m, Message):
-            out.append(m.to_dict())
-        elif isinstance(m, Mapping):
+        if isinstance(m, Mapping):
             if not isinstance(m.get("role"), str):
                 raise ChatTemplateError(f"message {i} has no string 'role'")
             out.append(dict(m))
         else:
-            raise ChatTemplateError(f"message {i} is a {type(m).__name__}, expected a dict or Message")
+            raise ChatTemplateError(f"message {i} is a {type(m).__name__}, expected a dict")
     return out
 
 
@@ -192,17 +167,9 @@ class ChatTemplate:
         """Build from the template text (None -> ChatML fallback) and BOS/EOS token texts."""
         return cls(template, bos, eos, now=now)
 
-    @classmethod
-    def from_metadata(
-        cls, metadata: Mapping[str, Any], bos: str, eos: str, *, now: datetime | None = None
-    ) -> ChatTemplate:
-        """Build from GGUF metadata (``tokenizer.chat_template``), e.g. ``Llama.metadata``."""
-        template = metadata.get("tokenizer.chat_template")
-        return cls(template if isinstance(template, str) else None, bos, eos, now=now)
-
     def render(
         self,
-        messages: Sequence[Mapping[str, Any] | Message],
+        messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
@@ -255,14 +222,3 @@ class ChatTemplate:
     def __repr__(self) -> str:
         kind = "fallback ChatML" if self.is_fallback else f"{len(self.source)} chars"
         return f"ChatTemplate({kind}, bos={self.bos_token!r}, eos={self.eos_token!r})"
-
-
-def render_chat(
-    messages: Sequence[Mapping[str, Any] | Message],
-    template: str | None = None,
-    bos: str = "",
-    eos: str = "",
-    add_generation_prompt: bool = True,
-) -> str:
-    """One-shot convenience: compile ``template`` (None -> ChatML) and render ``messages``."""
-    return ChatTemplate.from_strings(template, bos, eos).render(messages, add_generation_prompt)

@@ -497,7 +497,8 @@ def chat(
     config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
 ) -> None:
     """Chat with a local model, faster thanks to a draft; /help lists the slash commands."""
-    from specli.chat import ChatOptions, run_chat
+    from specli.chat.repl import run_chat
+    from specli.chat.session import ChatOptions
 
     err = make_console(stderr=True)
     with friendly_errors():
@@ -608,7 +609,7 @@ def demo_models(
     """Write a realistic-shaped demo pair (target ~ Qwen2-0.5B in shape, draft ~15x cheaper), offline."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specli.synth import DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
+    from specli.synth.demo import DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
 
     err = make_console(stderr=True)
     with friendly_errors():
@@ -642,7 +643,7 @@ def demo(
     ),
 ) -> None:
     """Build the demo pair if needed, then show `specli run` on it: the live view in one command."""
-    from specli.synth import DEMO_DRAFT_FILE, DEMO_TARGET_FILE
+    from specli.synth.demo import DEMO_DRAFT_FILE, DEMO_TARGET_FILE
 
     if not (directory / DEMO_TARGET_FILE).is_file() or not (directory / DEMO_DRAFT_FILE).is_file():
         demo_models(directory, force=False)

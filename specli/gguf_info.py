@@ -274,20 +274,6 @@ class GGUFInfo:
     def supported_architecture(self) -> bool:
         return self.architecture in SUPPORTED_ARCHITECTURES
 
-    @property
-    def speculation_blocker(self) -> str | None:
-        """Why this model cannot take part in speculative decoding, or None if it can."""
-        arch = self.architecture
-        if self.is_diffusion:
-            return (f"{self.path.name}: '{arch}' is a diffusion model, not an autoregressive one; "
-                    "speculative decoding needs a left-to-right model")
-        if self.is_recurrent and arch not in ROLLBACK_ARCHITECTURES:
-            kind = "hybrid attention/recurrent" if self.is_hybrid else "recurrent"
-            return (f"{self.path.name}: '{arch}' is a {kind} architecture; speculative decoding needs a "
-                    "KV cache that can be truncated after rejected draft tokens, so pick a transformer "
-                    "model (llama, qwen2, gemma, ...)")
-        return None
-
 
 def human_count(n: int | None) -> str:
     """292800 -> '292.8K', 7615616512 -> '7.6B'."""
@@ -738,7 +724,7 @@ def validate_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     """``read_gguf_info`` plus every check of ``check_gguf``; raises GGUFError naming the first problem.
 
     Recurrent/hybrid/diffusion architectures are *not* errors here (llama.cpp can run them); see
-    ``GGUFInfo.is_recurrent`` and ``GGUFInfo.speculation_blocker``.
+    ``GGUFInfo.is_recurrent``, ``is_hybrid`` and ``is_diffusion``.
     """
     info = read_gguf_info(path)
     problems = _problems(info)

@@ -35,16 +35,36 @@ def temperature_problem(t: float) -> str | None:
     return None
 
 
-def parse_draft_max(value: str | int) -> int | str:
+def check_temperature(t: float, option: str = "--temp") -> float:
+    """`t` if it is a usable temperature; otherwise UsageProblem naming `option` as the user typed it."""
+    if (why := temperature_problem(t)) is not None:
+        raise UsageProblem(f"{option} {why}")
+    return t
+
+
+def parse_temperature(value: str, option: str = "--temp") -> float:
+    """A temperature typed as text (chat's `/temp X`), checked as --temp is."""
+    try:
+        t = float(value)
+    except ValueError:
+        raise UsageProblem(f"{option} takes a number >= 0, not {value.strip()!r}") from None
+    return check_temperature(t, option)
+
+
+def parse_draft_max(value: str | int, option: str = "--draft-max") -> int | str:
+    """Tokens drafted per round: a whole number 0..MAX_DRAFT_K or "auto" (`option`: as the user typed it,
+    e.g. chat's `/k`)."""
     text = str(value).strip()
     if text == "auto":
         return "auto"
     try:
         k = int(text)
     except ValueError:
-        raise UsageProblem(f"--draft-max must be a whole number or 'auto', not {text!r}") from None
+        raise UsageProblem(
+            f"{option} takes a whole number 0..{MAX_DRAFT_K} or 'auto', not {text!r}"
+        ) from None
     if not 0 <= k <= MAX_DRAFT_K:
-        raise UsageProblem(f"--draft-max must be between 0 and {MAX_DRAFT_K}, got {k}")
+        raise UsageProblem(f"{option} must be between 0 and {MAX_DRAFT_K}, got {k}")
     return k
 
 
@@ -62,8 +82,8 @@ def check_values(values: dict[str, Any]) -> dict[str, Any]:
     """Check the effective setting values (flags merged with models.toml) of any command; returns
     them normalised (seed -1 -> None). Raises UsageProblem naming the option."""
     out = dict(values)
-    if "temp" in out and out["temp"] is not None and (why := temperature_problem(float(out["temp"]))):
-        raise UsageProblem(f"--temp {why}")
+    if out.get("temp") is not None:
+        check_temperature(float(out["temp"]))
     if out.get("top_p") is not None and not 0 < out["top_p"] <= 1:
         raise UsageProblem(f"--top-p must be in (0, 1] (1: off), got {out['top_p']:g}")
     if out.get("min_p") is not None and not 0 <= out["min_p"] <= 1:

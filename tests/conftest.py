@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support import SHARED_MODELS_DIR
 
-from specli.synth import FixtureModels, build_fixture_models
+from specli.synth.fixtures import FixtureModels, build_fixture_models
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,9 @@ def eos_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     emit EOS, nor does the real pair within hundreds of tokens."""
     import numpy as np
 
-    from specli.synth import FIXTURE_N_VOCAB, LlamaSpec, fixture_documents, train_vocab, write_llama_gguf
+    from specli.synth.fixtures import FIXTURE_N_VOCAB, fixture_documents
+    from specli.synth.gguf_writer import LlamaSpec, write_llama_gguf
+    from specli.synth.vocab import train_vocab
 
     vocab = train_vocab(fixture_documents(), FIXTURE_N_VOCAB).vocab
     spec = LlamaSpec(n_vocab=len(vocab.tokens), n_embd=32, n_layer=1, n_head=2, n_head_kv=2, n_ff=64,

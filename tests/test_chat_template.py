@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 from datetime import datetime
+from types import MappingProxyType
 
 import pytest
 
-from specli.chat_template import (
-    CHATML_TEMPLATE,
-    ChatTemplate,
-    ChatTemplateError,
-    Message,
-    common_prefix_len,
-    render_chat,
-)
+from specli.chat.session import build_chat_template
+from specli.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from specli.llama import Model, ModelOptions
+from specli.synth.fixtures import FIXTURE_CHAT_TEMPLATE
 
 # --- Real-world templates, as shipped in the models' tokenizer_config.json / GGUF metadata ---
 
@@ -309,10 +306,18 @@ def test_empty_template_is_fallback() -> None:
     assert ChatTemplate.from_strings("   ", "", "").is_fallback
 
 
-def test_from_metadata() -> None:
-    t = ChatTemplate.from_metadata({"tokenizer.chat_template": QWEN2_TEMPLATE}, QWEN_BOS, QWEN_EOS)
-    assert not t.is_fallback and t.source == QWEN2_TEMPLATE
-    assert ChatTemplate.from_metadata({"general.name": "x"}, "", "").is_fallback
+def test_template_comes_from_the_gguf(fixture_models) -> None:
+    """What chat uses: the template that llama.cpp reads from tokenizer.chat_template, rendered with the
+    vocabulary's BOS/EOS texts; a model without one gets ChatML and a notice saying so."""
+    options = ModelOptions(n_ctx=256, n_threads=1)
+    with Model(fixture_models.target_with_template, options) as model:
+        t, notice = build_chat_template(model)
+    assert not t.is_fallback and t.source == FIXTURE_CHAT_TEMPLATE and notice is None
+    assert (t.bos_token, t.eos_token) == ("<s>", "</s>")
+    with Model(fixture_models.target, options) as model:
+        t, notice = build_chat_template(model)
+    assert t.is_fallback and t.source == CHATML_TEMPLATE
+    assert notice is not None and "no chat template" in notice
 
 
 # --- Prefix property across turns (KV-cache reuse) ---
@@ -338,7 +343,6 @@ def test_prefix_property_two_turns(template: str | None, bos: str, eos: str) -> 
     history += [assistant(reply), user("And 3+3?")]
     p2 = t.render(history)
     assert p2.startswith(p1 + reply)
-    assert common_prefix_len(p1 + reply, p2) == len(p1 + reply)
     # Third turn keeps extending the second.
     history += [assistant("6.")]
     history += [user("Thanks")]
@@ -354,12 +358,29 @@ def test_rendering_is_deterministic() -> None:
     assert fixed.render([user("a")]) == "2024-07-26 12:00:00.000000|a"
 
 
-def test_common_prefix_len() -> None:
-    assert common_prefix_len("", "") == 0
-    assert common_prefix_len("abc", "abd") == 2
-    assert common_prefix_len("abc", "abcdef") == 3
-    assert common_prefix_len([1, 2, 3], [1, 2]) == 2
-    assert common_prefix_len("x", "y") == 0
+def test_cache_keeps_the_longest_common_token_prefix(fixture_models) -> None:
+    """What the prefix property buys: the engine keeps the cache's longest common prefix with the next
+    prompt (Model.keep_common_prefix), leaving the prompt's last token to be decoded again."""
+    with Model(fixture_models.target, ModelOptions(n_ctx=256, n_threads=1)) as model:
+        cached = model.tokenize("Once upon a time, there was a little fox named Pip.")
+        assert len(cached) >= 6
+
+        def refill() -> None:
+            model.decode(cached[model.n_past :])
+            assert model.tokens == cached
+
+        refill()
+        other = next(t for t in cached if t != cached[4])
+        assert model.keep_common_prefix([*cached[:4], other, *cached[5:]]) == 4  # diverges at 4
+        assert model.tokens == cached[:4]
+        refill()
+        assert model.keep_common_prefix([*cached, *cached[1:4]]) == len(cached)  # extends the cache
+        assert model.keep_common_prefix(cached) == len(cached) - 1  # the same prompt: its last token again
+        assert model.tokens == cached[:-1]
+        refill()
+        first = next(t for t in cached if t != cached[0])
+        assert model.keep_common_prefix([first, *cached[1:]]) == 0
+        assert model.n_past == 0
 
 
 # --- Stop strings ---
@@ -416,11 +437,11 @@ def test_loopcontrols_and_generation_tag() -> None:
     assert out == "<a><b>"
 
 
-def test_message_dataclass_and_render_chat() -> None:
+def test_messages_may_be_any_mapping_and_no_template_is_chatml() -> None:
     t = ChatTemplate.from_strings(QWEN2_TEMPLATE, QWEN_BOS, QWEN_EOS)
-    assert t.render([Message("user", "Hi")]) == t.render([user("Hi")])
-    assert render_chat([user("Hi")], QWEN2_TEMPLATE) == t.render([user("Hi")])
-    assert render_chat([user("Hi")]) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert t.render([MappingProxyType(user("Hi"))]) == t.render([user("Hi")])
+    chatml = ChatTemplate.from_strings(None, "", "")
+    assert chatml.render([user("Hi")]) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_syntax_error_is_one_line() -> None:

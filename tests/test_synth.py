@@ -13,24 +13,19 @@ import numpy as np
 import pytest
 from support import PROMPT, plain_greedy
 
-from specli import synth  # noqa: E402
-from specli.synth import (  # noqa: E402
+from specli.synth import demo, fixtures  # noqa: E402
+from specli.synth.demo import DemoConfig, build_demo_pair  # noqa: E402
+from specli.synth.fixtures import (  # noqa: E402
     FIXTURE_CHAT_TEMPLATE,
     FIXTURE_N_VOCAB,
     FIXTURE_TARGET,
-    TOKEN_TYPE_BYTE,
-    DemoConfig,
-    LlamaSpec,
-    SynthModelConfig,
-    Vocab,
-    build_demo_pair,
     build_fixture_pair,
     fixture_vocab,
-    ngram_factors,
-    train_vocab,
-    write_llama_gguf,
-    write_ngram_model,
 )
+from specli.synth.gguf_writer import LlamaSpec, write_llama_gguf  # noqa: E402
+from specli.synth.ngram_model import SynthModelConfig, write_ngram_model  # noqa: E402
+from specli.synth.ngram_stats import ngram_factors  # noqa: E402
+from specli.synth.vocab import TOKEN_TYPE_BYTE, Vocab, train_vocab  # noqa: E402
 
 
 def load(path: Path, n_ctx: int = 512) -> llama_cpp.Llama:
@@ -336,7 +331,7 @@ def test_train_vocab_layout() -> None:
     assert vocab.token_id("\u2581the") > 258 and vocab.token_id("\u2581") > 258
     merged = vocab.scores[259:]
     assert list(merged) == sorted(merged, reverse=True)  # merge order = score order
-    assert len(trained.documents) == len(synth.fixture_documents())
+    assert len(trained.documents) == len(fixtures.fixture_documents())
     with pytest.raises(ValueError, match="merges"):
         train_vocab(["ab ab ab"], 400)
 
@@ -378,7 +373,7 @@ def test_demo_pair_builds_at_toy_size(tmp_path: Path) -> None:
     target_path, draft_path = build_demo_pair(
         tmp_path, config=toy, progress=lambda s, f: reports.append((s, f))
     )
-    assert (target_path.name, draft_path.name) == (synth.DEMO_TARGET_FILE, synth.DEMO_DRAFT_FILE)
+    assert (target_path.name, draft_path.name) == (demo.DEMO_TARGET_FILE, demo.DEMO_DRAFT_FILE)
     fractions = [f for _, f in reports]
     assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
     assert gguf_tokens(target_path) == gguf_tokens(draft_path)

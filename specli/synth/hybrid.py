@@ -2,11 +2,11 @@
 Qwen3.5 (gated delta-net + gated attention).
 
 No hybrid GGUF can be downloaded in the test environment, so the tests write tiny deterministic LFM2
-models with the fixture vocabulary of :mod:`specli.synth` (whose helpers this module imports). The
-weights carry the same token statistics as the llama fixtures, so a llama fixture drafts for an LFM2
-target (and the other way round) with partial acceptance:
+models with the fixture vocabulary of :mod:`specli.synth.fixtures`. The weights carry the same token
+statistics as the llama fixtures, so a llama fixture drafts for an LFM2 target (and the other way
+round) with partial acceptance:
 
-* embedding, final norm and output rows are those of :func:`specli.synth.ngram_llama_weights`
+* embedding, final norm and output rows are those of :func:`specli.synth.ngram_model.ngram_llama_weights`
   (bigram + skip-bigram + unigram logits, minus a repetition penalty);
 * layer 0 is a short convolution that copies the *previous* token's skip-bigram factors into the slot
   the output reads (what the llama fixture's RoPE previous-token head does). Its recurrent state (the
@@ -30,22 +30,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from specli.synth import (
-    FIXTURE_DRAFT,
-    FIXTURE_TARGET,
-    SynthModelConfig,
-    TrainedVocab,
-    Vocab,
-    WeightDType,
-    _add_tensor_info,
-    _document_subset,
-    _encode_tensor,
-    _file_type,
-    _random_matrix,
-    fixture_vocab,
-    ngram_factors,
-    ngram_llama_weights,
-)
+from specli.synth.fixtures import FIXTURE_DRAFT, FIXTURE_TARGET, fixture_vocab
+from specli.synth.gguf_writer import WeightDType, add_spm_vocab, llama_ftype, write_tensors
+from specli.synth.ngram_model import SynthModelConfig, document_subset, ngram_llama_weights, random_matrix
+from specli.synth.ngram_stats import ngram_factors
+from specli.synth.vocab import TrainedVocab, Vocab
 
 LayerKind = Literal["conv", "attn"]
 
@@ -123,7 +112,8 @@ def write_lfm2_gguf(
     """Write an ``lfm2``-architecture GGUF file (every tensor of :meth:`Lfm2Spec.tensor_shapes`).
 
     1-D tensors and the convolution kernels are stored as F32 (llama.cpp's ssm_conv wants F32),
-    other matrices as *dtype*. The vocabulary is written like :func:`specli.synth.write_llama_gguf`'s.
+    other matrices as *dtype*. The vocabulary is written as
+    :func:`specli.synth.gguf_writer.write_llama_gguf` writes it.
     """
 
     def keys(writer: Any, arch: str) -> None:
@@ -170,42 +160,18 @@ def _write_gguf(
     partial = path.with_name(path.name + ".partial")
     writer = gguf.GGUFWriter(partial, arch)
     writer.add_name(name)
-    writer.add_file_type(_file_type(dtype))
+    writer.add_file_type(llama_ftype(dtype))
     writer.add_vocab_size(n_vocab)
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     keys(writer, arch)
 
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(list(vocab.tokens))
-    writer.add_token_scores([float(s) for s in vocab.scores])
-    writer.add_token_types([int(t) for t in vocab.token_types])
-    writer.add_unk_token_id(vocab.unk_id)
-    writer.add_bos_token_id(vocab.bos_id)
-    writer.add_eos_token_id(vocab.eos_id)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
+    add_spm_vocab(writer, vocab)
 
-    stored = {n: ("f32" if len(shape) == 1 or f32_marker in n else dtype) for n, shape in shapes.items()}
-    for n, shape in shapes.items():
-        _add_tensor_info(writer, n, shape, stored[n])
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for n, shape in shapes.items():
-            source = weights[n]
-            array = np.asarray(source() if callable(source) else source)
-            if array.shape != shape:
-                raise ValueError(f"{n}: expected numpy shape {shape}, got {array.shape}")
-            writer.write_tensor_data(_encode_tensor(array, stored[n]))
-        writer.close()
-        partial.replace(path)
-    except BaseException:
-        writer.close()
-        partial.unlink(missing_ok=True)
-        raise
-    return path
+    stored: dict[str, WeightDType] = {
+        n: ("f32" if len(shape) == 1 or f32_marker in n else dtype) for n, shape in shapes.items()
+    }
+    return write_tensors(writer, path, partial, shapes, stored, weights)
 
 
 def ngram_lfm2_weights(
@@ -223,7 +189,7 @@ def ngram_lfm2_weights(
     if config.seen_dims and (len(spec.layers) < 2 or spec.layers[1] != "attn"):
         raise ValueError("seen dims need attention as layer 1")
     factors = ngram_factors(
-        _document_subset(trained.documents, config.data_fraction, config.seed),
+        document_subset(trained.documents, config.data_fraction, config.seed),
         len(trained.vocab),
         trained.vocab.bos_id,
         rank=config.rank,
@@ -260,7 +226,7 @@ def ngram_lfm2_weights(
             weights[name] = lambda n=shape[0]: np.ones(n, dtype=np.float32)
             continue
         kind = name.split(".")[-2]
-        weights[name] = _random_matrix(shape, gains[kind] / np.sqrt(shape[1]), config.seed, name)
+        weights[name] = random_matrix(shape, gains[kind] / np.sqrt(shape[1]), config.seed, name)
     return weights
 
 
@@ -469,7 +435,7 @@ def ngram_qwen35_weights(
     unigram logits; skip-bigram rows unused), every block random: the delta-net and attention outputs
     add *mixer_gain* rms to the residual, so the context (and the recurrent state) moves the logits."""
     factors = ngram_factors(
-        _document_subset(trained.documents, config.data_fraction, config.seed),
+        document_subset(trained.documents, config.data_fraction, config.seed),
         len(trained.vocab),
         trained.vocab.bos_id,
         rank=config.rank,
@@ -499,7 +465,7 @@ def ngram_qwen35_weights(
             weights[name] = lambda n=shape[0]: np.ones(n, dtype=np.float32)
         else:
             gain = out_gain.get(kind, 1.0)
-            weights[name] = _random_matrix(shape, gain / np.sqrt(shape[1]), config.seed, name)
+            weights[name] = random_matrix(shape, gain / np.sqrt(shape[1]), config.seed, name)
     return weights
 
 

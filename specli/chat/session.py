@@ -1,64 +1,35 @@
-"""The chat loop behind `specli chat`: a UI-free `ChatSession` and the `run_chat` front end.
+"""A chat without a terminal: `ChatSession` keeps the conversation, renders it with the target's own chat
+template, fits it into the context (dropping the oldest turns), streams the engine's events for each
+turn, runs the slash commands and writes /save transcripts.
 
-`ChatSession` keeps the conversation, renders it with the target's own chat template, fits it into
-the context (dropping the oldest turns), and streams the engine's events. The engine keeps the
-longest common prefix of its cache with each new prompt, so turn N only evaluates what turn N - 1
-did not already have in the cache (the "prefill" figure after each reply).
-
-`run_chat` reads turns from a terminal (readline editing, multi-line input, Ctrl-C handling) or from
-piped stdin (one turn per line: reply text on stdout, everything else on stderr).
+The engine keeps the longest common prefix of its cache with each new prompt, so turn N only evaluates
+what turn N - 1 did not already have in the cache (the "prefill" figure after each reply).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
-import signal
-import sys
-import threading
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
-
-from rich.console import Console
-from rich.text import Text
+from typing import Any
 
 from specli.api import Speculator
 from specli.chat_template import ChatTemplate, ChatTemplateError
 from specli.engine import GenerationParams
-from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, UsageProblem
+from specli.errors import UsageProblem
 from specli.events import DoneEvent, Event, TokenEvent
 from specli.fileio import atomic_write_text
-from specli.llama import LlamaError, Model
-from specli.options import temperature_problem, valid_text
+from specli.llama import Model
+from specli.options import MAX_DRAFT_K, parse_draft_max, parse_temperature, valid_text
 from specli.sampling import DEFAULT_SAMPLING, SamplingParams
 from specli.stats import GenerationStats
-from specli.ui.console import make_console
-
-__all__ = [
-    "ChatError",
-    "ChatOptions",
-    "ChatSession",
-    "CommandResult",
-    "ContextNotice",
-    "SessionTotals",
-    "TurnRecord",
-    "build_chat_template",
-    "default_history_path",
-    "format_turn_line",
-    "read_message",
-    "run_chat",
-]
 
 MIN_REPLY_TOKENS = 64  # context kept free for the reply even when max_tokens is larger than a quarter
 # Once turns must go, trim to this share of the context: dropping just enough would make every later turn
 # drop one more and re-evaluate the whole prompt; the slack lets the next turns reuse the cache again.
 TRIM_TO = 0.75
-MAX_DRAFT_K = 64
-EXIT_OK = 0
 
 
 class ChatError(Exception):
@@ -119,7 +90,6 @@ class TurnRecord:
     dropped_turns: int
     draft_max: int | str
     temperature: float
-    caches_reset: bool = False  # a hard interrupt emptied the KV caches: the next turn evaluates it all
     stats: GenerationStats = field(repr=False, default_factory=GenerationStats)
 
     @property
@@ -225,12 +195,12 @@ def build_chat_template(model: Model) -> tuple[ChatTemplate, str | None]:
 # -- the session ------------------------------------------------------------------------------------------
 
 
-HELP_TEXT = """\
+HELP_TEXT = f"""\
 commands:
   /help           this list
   /stats          session totals: turns, tokens, mean tok/s, acceptance
   /reset          forget the conversation (the system message stays)
-  /k N|auto       tokens drafted per round (0..64) or auto
+  /k N|auto       tokens drafted per round (0..{MAX_DRAFT_K}) or auto
   /temp X         temperature (0: greedy)
   /system TEXT    set the system message (/system alone shows it)
   /save FILE      write the transcript as JSON (messages, settings, per-turn stats)
@@ -363,7 +333,6 @@ class ChatSession:
         params = self.generation_params()
         parts: list[str] = []
         stop_reason = "interrupted"
-        caches_reset = False
         generation = self.spec.generate(prepared.tokens, params)
         try:
             if prepared.dropped_turns:
@@ -374,13 +343,10 @@ class ChatSession:
                 elif isinstance(event, DoneEvent):
                     stop_reason = event.stop_reason
                 yield event
-        except KeyboardInterrupt:
-            # Raised inside the engine: a llama_decode may have finished without being recorded, so
-            # the caches' bookkeeping cannot be trusted; start them afresh (one full prefill next turn).
-            self.reset_caches()
-            caches_reset = True
-            raise
-        except GeneratorExit:
+        except (KeyboardInterrupt, GeneratorExit):
+            # Ctrl-C, in the engine or in the front end: the generation ends as "interrupted" (below).
+            # The caches need nothing: each Model knows what its cache holds, even after an
+            # interrupted decode, and the next turn reuses what it can.
             raise
         except BaseException:
             stop_reason = "error"
@@ -405,13 +371,8 @@ class ChatSession:
                 dropped_turns=prepared.dropped_turns,
                 draft_max=params.draft_max,
                 temperature=params.sampling.temperature,
-                caches_reset=caches_reset,
                 stats=stats,
             ))
-
-    def reset_caches(self) -> None:
-        """Empty the target's and the draft model's KV caches (after a hard interrupt)."""
-        self.spec.engine.reset()
 
     # -- settings and commands ---------------------------------------------------------------------
 
@@ -427,28 +388,18 @@ class ChatSession:
         else:
             self.messages.insert(0, {"role": "system", "content": text})
 
+    # The same parsers and ranges as --draft-max and --temp (specli.options), named as typed here.
     def set_k(self, value: str) -> None:
-        value = value.strip()
-        if value == "auto":
-            self.draft_max = "auto"
-            return
         try:
-            k = int(value)
-        except ValueError:
-            raise ChatError(f"/k takes a whole number 0..{MAX_DRAFT_K} or 'auto', not {value!r}") from None
-        if not 0 <= k <= MAX_DRAFT_K:
-            raise ChatError(f"/k must be between 0 and {MAX_DRAFT_K}, got {k}")
-        self.draft_max = k
+            self.draft_max = parse_draft_max(value, option="/k")
+        except UsageProblem as e:
+            raise ChatError(str(e)) from None
 
     def set_temperature(self, value: str) -> None:
         try:
-            t = float(value)
-        except ValueError:
-            raise ChatError(f"/temp takes a number >= 0, not {value.strip()!r}") from None
-        if not (math.isfinite(t) and t >= 0):
-            raise ChatError(f"/temp must be a finite number >= 0, got {value.strip()}")
-        if (why := temperature_problem(t)) is not None:  # the same rule as --temp
-            raise ChatError(f"/temp {why}")
+            t = parse_temperature(value, option="/temp")
+        except UsageProblem as e:
+            raise ChatError(str(e)) from None
         self.sampling = replace(self.sampling, temperature=t)
 
     def transcript(self) -> dict[str, Any]:
@@ -585,274 +536,3 @@ def format_totals(t: SessionTotals) -> str:
             f"mean {_rate(t.tokens_per_second)} tok/s · acceptance {_pct(t.acceptance_rate)} "
             f"({t.accepted}/{t.drafted}) · prefill {t.prefill_tokens}"
             + (f" · {_plural(t.dropped_turns, 'old turn')} dropped" if t.dropped_turns else ""))
-
-
-# -- input ----------------------------------------------------------------------------------------------
-
-ReadLine = Callable[[str], "str | None"]  # prompt -> a line without its newline, None at end of input
-BLOCK = '"""'
-
-
-def read_message(read_line: ReadLine, prompt: str = "> ", continuation: str = "… ",
-                 on_open_block_at_eof: Callable[[], None] | None = None) -> str | None:
-    """One user message: a line; `\\` at the end continues it; a \"\"\" block spans lines. None at EOF.
-    End of input inside a block sends what the block holds, after calling `on_open_block_at_eof`."""
-    first = read_line(prompt)
-    if first is None:
-        return None
-    stripped = first.strip()
-    if stripped.startswith(BLOCK):
-        rest = stripped[len(BLOCK):]
-        if rest.endswith(BLOCK):  # """one line"""
-            return rest[: -len(BLOCK)]
-        parts = [rest] if rest else []
-        while (line := read_line(continuation)) is not None:
-            if line.rstrip().endswith(BLOCK):
-                tail = line.rstrip()[: -len(BLOCK)]
-                if tail:
-                    parts.append(tail)
-                break
-            parts.append(line)
-        else:
-            if on_open_block_at_eof is not None:
-                on_open_block_at_eof()
-        return "\n".join(parts)
-    parts = []
-    line: str | None = first
-    while line is not None and line.endswith("\\"):
-        parts.append(line[:-1])
-        line = read_line(continuation)
-    if line is not None:
-        parts.append(line)
-    return "\n".join(parts)
-
-
-def _stream_reader(stream: TextIO) -> ReadLine:
-    def read_line(_prompt: str) -> str | None:
-        line = stream.readline()
-        if not line:
-            return None
-        return line.rstrip("\r\n")
-
-    return read_line
-
-
-def _terminal_reader() -> ReadLine:
-    def read_line(prompt: str) -> str | None:
-        try:
-            return input(prompt)
-        except EOFError:
-            return None
-
-    return read_line
-
-
-def default_history_path() -> Path:
-    """Where terminal input history is kept: $XDG_STATE_HOME/specli/chat_history (~/.local/state)."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "specli" / "chat_history"
-
-
-def _setup_readline(history: Path | None) -> Callable[[], None]:
-    """Line editing for input() (if readline exists); returns a function that saves the history."""
-    try:
-        import readline
-    except ImportError:  # Windows without pyreadline: plain input() still works
-        return lambda: None
-    if history is None:
-        return lambda: None
-    try:
-        readline.read_history_file(history)
-    except OSError:
-        pass  # first run, or unreadable: start empty
-    readline.set_history_length(1000)
-
-    def save() -> None:
-        try:
-            history.parent.mkdir(parents=True, exist_ok=True)
-            readline.write_history_file(history)
-        except OSError:
-            pass  # history is a convenience; never fail the chat over it
-
-    return save
-
-
-def _is_tty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-# -- Ctrl-C during a reply ------------------------------------------------------------------------------
-
-
-class _InterruptLatch:
-    """During a reply, the first Ctrl-C only sets a flag (the loop stops between two engine events, so
-    the caches stay consistent); a second one raises KeyboardInterrupt as usual."""
-
-    def __init__(self) -> None:
-        self.fired = False
-        self._previous: Any = None
-        self._installed = False
-
-    def _handler(self, signum: int, frame: object) -> None:
-        if self.fired:
-            raise KeyboardInterrupt
-        self.fired = True
-
-    def __enter__(self) -> _InterruptLatch:
-        # Signal handlers can only be set from the main thread; elsewhere Ctrl-C keeps its default.
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-            self._installed = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous)
-
-
-# -- the loop -------------------------------------------------------------------------------------------
-
-
-def _ansi_prompt(text: str, colour: bool) -> str:
-    # \001 .. \002 tell readline the escape codes take no room, so line editing stays aligned.
-    return f"\001\033[1;32m\002{text}\001\033[0m\002" if colour else text
-
-
-def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | None = None,
-             console: Console | None = None, err_console: Console | None = None) -> int:
-    """Chat until Ctrl-D, /exit or end of input; returns the exit code (0, 1 after a failed turn in
-    piped mode, 130 after Ctrl-C twice at the prompt)."""
-    from specli.ui.stream import TokenPrinter, legend
-
-    input_stream = input_stream if input_stream is not None else sys.stdin
-    console = console or make_console()
-    err_console = err_console or make_console(stderr=True)
-    # Terminal mode needs both ends: input() reads sys.stdin, and the reply is drawn on `console`.
-    interactive = input_stream is sys.stdin and _is_tty(input_stream) and console.is_terminal
-    info = console if interactive else err_console  # stdout carries only replies when scripted
-    session = ChatSession(spec, options)
-
-    def say(text: str, style: str = "dim") -> None:
-        info.print(Text(text, style=style), soft_wrap=True)
-
-    def error(text: str) -> None:
-        info.print(Text(text, style="red"), soft_wrap=True)
-
-    sources = spec.drafter.sources if spec.drafter else ()
-    printer = (TokenPrinter(console, show_rejected=options.show_rejected, sources=sources)
-               if console.is_terminal else None)
-
-    save_history: Callable[[], None] = lambda: None  # noqa: E731
-    if interactive:
-        save_history = _setup_readline(default_history_path() if options.history else None)
-        read_line = _terminal_reader()
-        draft_name = spec.drafter.name if spec.drafter else "no draft"
-        say(f"chatting with {spec.target.path.name} · {draft_name} · context {spec.target.n_ctx} · "
-            "/help for commands, Ctrl-D to leave")
-        if spec.drafter is not None:
-            console.print(legend(options.show_rejected, sources))
-    else:
-        read_line = _stream_reader(input_stream)
-    if session.template_notice:
-        say(f"note: {session.template_notice}", "yellow")
-    prompt = _ansi_prompt("> ", interactive and console.color_system is not None)
-    continuation = _ansi_prompt("… ", interactive and console.color_system is not None)
-
-    exit_code = EXIT_OK
-    ctrl_c_at_prompt = False
-    open_block_at_eof = False
-
-    def block_left_open() -> None:
-        nonlocal open_block_at_eof
-        open_block_at_eof = True
-        if interactive:
-            console.print()
-        error('end of input inside a """ block: sending what it holds (close a block with """)')
-
-    try:
-        while True:
-            try:
-                message = read_message(read_line, prompt, continuation, block_left_open)
-            except KeyboardInterrupt:
-                if ctrl_c_at_prompt or not interactive:
-                    console.print()
-                    return EXIT_INTERRUPTED
-                ctrl_c_at_prompt = True
-                console.print()
-                say("(Ctrl-C again or Ctrl-D to leave)")
-                continue
-            ctrl_c_at_prompt = False
-            if message is None:
-                if interactive:
-                    console.print()
-                return exit_code
-            if not message.strip():
-                continue
-            if message.startswith("/") and not message.startswith("//"):
-                result = session.command(message)
-                if result.failed and not interactive:
-                    exit_code = EXIT_RUNTIME  # a script's /save that wrote nothing must not look fine
-                if result.exit:
-                    return exit_code
-                if result.error:
-                    error(result.text)
-                elif result.text:
-                    say(result.text)
-                continue
-            if message.startswith("//"):
-                message = message[1:]
-            if not _reply(session, message, console=console, printer=printer, say=say, error=error):
-                if not interactive:
-                    exit_code = EXIT_RUNTIME
-            if open_block_at_eof and not interactive:
-                exit_code = EXIT_RUNTIME  # the input was cut short
-    finally:
-        save_history()
-
-
-def _reply(session: ChatSession, message: str, *, console: Console, printer: Callable[[Event], None] | None,
-           say: Callable[..., None], error: Callable[[str], None]) -> bool:
-    """Generate and show one reply; False if it failed (the error is shown, the chat goes on)."""
-    try:
-        events = session.send(message)
-    except ChatError as e:
-        error(str(e))
-        return False
-    out = console.file
-    latch = _InterruptLatch()
-    failure: str | None = None
-    with latch:
-        try:
-            for event in events:
-                if isinstance(event, ContextNotice):
-                    say(event.message, "yellow")
-                elif printer is not None:
-                    printer(event)
-                elif isinstance(event, TokenEvent) and event.text:
-                    out.write(event.text)
-                    out.flush()
-                if latch.fired:
-                    break
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C: the reply stops here all the same
-        except (LlamaError, ValueError) as e:  # context full, NaN logits ...: one line, stay in the chat
-            failure = str(e) or type(e).__name__
-        finally:
-            events.close()  # records the (partial) reply in the session
-    if printer is not None:
-        console.print()
-    else:
-        out.write("\n")
-        out.flush()
-    if failure is not None:
-        error(f"error: {failure}")
-        return False
-    turn = session.turns[-1] if session.turns else None
-    if turn is not None:
-        say(format_turn_line(turn))
-    if turn is not None and turn.caches_reset:
-        say("(caches cleared after the interrupt: the next turn evaluates the whole prompt)")
-    return True
