@@ -129,7 +129,7 @@ def plan_models(
     """Resolve names or paths through models.toml; settings: CLI defaults < [defaults] < the model's
     own < flags given on the command line."""
     from specli.api import NGRAM
-    from specli.config import explicit_cli_values, find_config, load_config
+    from specli.config import explicit_cli_values, find_config, load_config, merge_settings
 
     if no_draft and draft is not None:
         raise UsageProblem("--draft and --no-draft contradict each other: give one of them")
@@ -146,8 +146,10 @@ def plan_models(
     else:
         resolved = cfg.resolve(target)
         target_path, default_draft = resolved.path, resolved.draft
-        explicit = explicit_cli_values(context)
-        values.update({k: v for k, v in resolved.settings.as_dict().items() if k not in explicit})
+        try:
+            values.update(merge_settings(resolved.settings, explicit_cli_values(context)).as_dict())
+        except ValueError as e:
+            raise UsageProblem(str(e)) from None
     draft_arg: str | Path | None = None
     if not no_draft:
         wanted = draft if draft is not None else default_draft
