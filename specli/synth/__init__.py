@@ -1,6 +1,7 @@
 """Synthetic GGUF models, written from numpy weights: the test suite's fixtures and `specli demo-models`.
 
-Nothing in the runtime imports this package. From general to specific:
+The runtime (engine, drafters, front ends) never imports it: only the tests and `specli demo-models` /
+`specli demo` do. From general to specific:
 
 * :mod:`~specli.synth.gguf_writer`: :func:`write_llama_gguf` writes any ``llama``-architecture GGUF file
   from a :class:`LlamaSpec`, a vocabulary and a mapping of tensor name to array (or to a callable making

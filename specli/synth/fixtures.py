@@ -159,12 +159,12 @@ def build_fixture_pair(
     target = write_ngram_model(
         directory / "fixture-target.gguf",
         trained,
-        _reseed(FIXTURE_TARGET, seed),
+        reseed(FIXTURE_TARGET, seed),
         dtype=dtype,
         chat_template=chat_template,
     )
     draft = write_ngram_model(
-        directory / "fixture-draft.gguf", trained, _reseed(FIXTURE_DRAFT, seed), dtype=dtype
+        directory / "fixture-draft.gguf", trained, reseed(FIXTURE_DRAFT, seed), dtype=dtype
     )
     return target, draft
 
@@ -176,18 +176,19 @@ def build_fixture_models(directory: str | Path, *, seed: int = 0) -> FixtureMode
     templated = write_ngram_model(
         directory / "fixture-target-chat.gguf",
         fixture_vocab(),
-        _reseed(FIXTURE_TARGET, seed),
+        reseed(FIXTURE_TARGET, seed),
         dtype="f32",
         chat_template=FIXTURE_CHAT_TEMPLATE,
     )
     other = write_ngram_model(
         directory / "fixture-other-vocab.gguf",
         fixture_vocab(lowercase=True),
-        _reseed(FIXTURE_OTHER_VOCAB, seed),
+        reseed(FIXTURE_OTHER_VOCAB, seed),
         dtype="f32",
     )
     return FixtureModels(target, draft, other, templated, fixture_vocab().vocab)
 
 
-def _reseed(config: SynthModelConfig, seed: int) -> SynthModelConfig:
+def reseed(config: SynthModelConfig, seed: int) -> SynthModelConfig:
+    """*config* for the fixture set of *seed* (0: as written above); the hybrid fixtures use it too."""
     return replace(config, seed=config.seed + 1000 * seed)

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from specli.synth.fixtures import FIXTURE_DRAFT, FIXTURE_TARGET, fixture_vocab
+from specli.synth.fixtures import FIXTURE_DRAFT, FIXTURE_TARGET, fixture_vocab, reseed
 from specli.synth.gguf_writer import WeightDType, add_spm_vocab, llama_ftype, write_tensors
 from specli.synth.ngram_model import SynthModelConfig, document_subset, ngram_llama_weights, random_matrix
 from specli.synth.ngram_stats import ngram_factors
@@ -303,18 +303,18 @@ def build_hybrid_fixture_models(directory: str | Path, *, seed: int = 0) -> Hybr
     target = write_ngram_lfm2(
         directory / "fixture-lfm2-target.gguf",
         trained,
-        replace(FIXTURE_TARGET, seed=FIXTURE_TARGET.seed + 1000 * seed),
+        reseed(FIXTURE_TARGET, seed),
         ("conv", "attn", "conv", "attn"),
     )
     draft = write_ngram_lfm2(
         directory / "fixture-lfm2-draft.gguf",
         trained,
-        replace(FIXTURE_DRAFT, seed=FIXTURE_DRAFT.seed + 1000 * seed),
+        reseed(FIXTURE_DRAFT, seed),
     )
     qwen35 = write_ngram_qwen35(
         directory / "fixture-qwen35-target.gguf",
         trained,
-        replace(FIXTURE_TARGET, seed=FIXTURE_TARGET.seed + 1000 * seed),
+        reseed(FIXTURE_TARGET, seed),
     )
     return HybridFixtureModels(target, draft, qwen35)
 
