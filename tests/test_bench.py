@@ -20,26 +20,21 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specli.bench import (
+from specli.bench.aggregate import bench_notes, first_difference, iter_pairs
+from specli.bench.files import write_csv, write_json
+from specli.bench.measure import run_bench
+from specli.bench.prediction import VerifyCurve, VerifyPoint, predicted_speedup
+from specli.bench.results import BenchResult, Spread
+from specli.bench.suite import (
     BUILTIN_PROMPTS,
     BenchConfig,
     BenchError,
     BenchPrompt,
-    BenchResult,
     PromptFileError,
-    Spread,
-    VerifyCurve,
-    VerifyPoint,
-    bench_notes,
-    iter_pairs,
     load_prompts,
     parse_k_list,
     parse_prompts,
     parse_temp_list,
-    predicted_speedup,
-    run_bench,
-    write_csv,
-    write_json,
 )
 from specli.cli import app
 from specli.errors import UsageProblem
@@ -510,8 +505,6 @@ def test_ctrl_c_stops_the_bench_with_exit_130_and_keeps_whole_pairs(fixture_mode
 
 
 def test_first_difference() -> None:
-    from specli.bench import first_difference
-
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
