@@ -162,6 +162,8 @@ def test_progress_phases_and_excluded_timings(bench) -> None:
     assert [name for name, _ in progress.phases] == ["load", "warm-up", "verify cost", "runs"]
     assert progress.steps["runs"] == dict(progress.phases)["runs"] == len(result.runs)
     assert result.load_seconds > 0 and result.warmup_seconds > 0 and result.curve_seconds > 0
+    assert result.load_seconds == result.target.load_seconds + result.draft.load_seconds
+    assert result.target.load_seconds > 0 and result.draft.load_seconds > 0
     assert result.target.n_params > 0 and result.draft.n_vocab == result.target.n_vocab
 
 
@@ -273,6 +275,13 @@ def test_an_interrupt_right_after_a_pair_completes_keeps_that_pair(fixture_model
     result = run_bench(tiny_config(fixture_models), progress=progress)
     assert result.interrupted
     assert len(result.runs) == 6
+
+
+def test_the_pair_is_built_by_api_load(fixture_models) -> None:
+    """bench loads through specli.api.load, so it refuses what `load` refuses (here: MTP drafting on a
+    target without MTP layers) with load's own message."""
+    with pytest.raises(ValueError, match="has no MTP"):
+        run_bench(tiny_config(fixture_models, draft="mtp"))
 
 
 def test_context_too_small_is_a_usage_problem(fixture_models) -> None:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from specli.api import NGRAM
+from specli.api import load
 from specli.bench.aggregate import aggregate, first_difference
 from specli.bench.prediction import VerifyCurve, VerifyPoint, predicted_speedup
 from specli.bench.results import BenchResult, ModelInfo, RunRecord
@@ -25,7 +25,7 @@ from specli.drafters.base import Drafter
 from specli.drafters.combined import CombinedDrafter
 from specli.drafters.model import DraftModelDrafter
 from specli.engine import GenerationParams, SpeculativeEngine
-from specli.llama import Model, ModelOptions
+from specli.llama import Model
 from specli.stats import GenerationStats
 
 # -- progress (the UI implements it; None: silent) ---------------------------------------------------------
@@ -57,35 +57,20 @@ def _step(progress: BenchProgress | None, detail: str = "") -> None:
 
 
 class _LoadedPair:
-    """The models and the two engines built over them: plain and speculative share one target."""
+    """The models and drafter, built by specli.api.load (so bench refuses and accepts exactly what
+    `specli run` does), and the two engines over them: plain and speculative share one target."""
 
     def __init__(self, config: BenchConfig) -> None:
-        from specli.compat import require_compatible
-        from specli.drafters.ngram import NGramDrafter
-
-        self.draft_model: Model | None = None
-        self.drafter: Drafter | None = None
-        t0 = time.perf_counter()
-        self.target = Model(config.target, ModelOptions(n_ctx=config.n_ctx, n_threads=config.n_threads,
-                                                       n_gpu_layers=config.n_gpu_layers))
-        self.target_load = time.perf_counter() - t0
-        self.draft_load = 0.0
+        self.speculator = load(config.target, config.draft, n_ctx=config.n_ctx, n_threads=config.n_threads,
+                               n_gpu_layers=config.n_gpu_layers, draft_p_min=config.draft_p_min,
+                               ngram=config.ngram)
+        self.target: Model = self.speculator.target
+        self.drafter: Drafter | None = self.speculator.drafter
+        self.draft_model = _draft_model(self.drafter)
+        self.spec: SpeculativeEngine = self.speculator.engine
         try:
-            if str(config.draft) == NGRAM:
-                self.drafter = NGramDrafter()
-            else:
-                t0 = time.perf_counter()
-                self.draft_model = Model(config.draft, ModelOptions(
-                    n_ctx=self.target.n_ctx, n_threads=config.n_threads, n_gpu_layers=config.n_gpu_layers))
-                self.draft_load = time.perf_counter() - t0
-                require_compatible(self.target, self.draft_model)
-                model_drafter = DraftModelDrafter(self.draft_model, self.target.n_vocab,
-                                                  p_min=config.draft_p_min)
-                self.drafter = (CombinedDrafter(model_drafter, NGramDrafter()) if config.ngram
-                                else model_drafter)
-            # Not closed through the engines: engine.close() would close the shared target twice.
+            # Never closed itself: closing an engine closes its target, which the speculator owns.
             self.plain = SpeculativeEngine(self.target, None)
-            self.spec = SpeculativeEngine(self.target, self.drafter)
         except BaseException:
             self.close()
             raise
@@ -97,9 +82,15 @@ class _LoadedPair:
             self.draft_model.reset()
 
     def close(self) -> None:
-        if self.draft_model is not None:
-            self.draft_model.close()
-        self.target.close()
+        self.speculator.close()
+
+
+def _draft_model(drafter: Drafter | None) -> Model | None:
+    """The draft model under a drafter (None for n-gram lookup): bench times its decodes and reports
+    it. api.load does not hand it out, so it is looked up in the two drafters that hold one."""
+    if isinstance(drafter, CombinedDrafter):
+        drafter = drafter.model_drafter
+    return drafter.model if isinstance(drafter, DraftModelDrafter) else None
 
 
 def run_bench(config: BenchConfig, *, progress: BenchProgress | None = None) -> BenchResult:
@@ -113,13 +104,13 @@ def run_bench(config: BenchConfig, *, progress: BenchProgress | None = None) -> 
     loaded = _LoadedPair(config)
     try:
         _step(progress, Path(config.target).name)
-        result.load_seconds = loaded.target_load + loaded.draft_load
-        result.target = _model_info(loaded.target, loaded.target_load)
+        result.target = _model_info(loaded.target)
         if loaded.draft_model is not None:
-            result.draft = _model_info(loaded.draft_model, loaded.draft_load)
+            result.draft = _model_info(loaded.draft_model)
+        result.load_seconds = sum(m.load_seconds for m in (result.target, result.draft) if m is not None)
         result.drafter = loaded.drafter.name if loaded.drafter else "plain"
 
-        tokenized = [_tokenize(loaded.target, p.text) for p in prompts]
+        tokenized = [loaded.speculator.tokenize(p.text) for p in prompts]
         result.prompts = [{"name": p.name, "kind": p.kind, "tokens": len(t), "text": p.text}
                           for p, t in zip(prompts, tokenized, strict=True)]
         need = max(len(t) for t in tokenized) + config.max_tokens + config.max_batch()
@@ -156,10 +147,6 @@ def run_bench(config: BenchConfig, *, progress: BenchProgress | None = None) -> 
     result.machine["load_average_end"] = load_average()
     result.finished_at = _now()
     return result
-
-
-def _tokenize(model: Model, text: str) -> list[int]:
-    return model.tokenize(text, add_special=True, parse_special=True)
 
 
 def _warm_up(loaded: _LoadedPair, config: BenchConfig, prompt: list[int],
@@ -362,11 +349,11 @@ def load_average() -> float | None:
         return None
 
 
-def _model_info(model: Model, load_seconds: float) -> ModelInfo:
+def _model_info(model: Model) -> ModelInfo:
     try:
         size: int | None = model.path.stat().st_size
     except OSError:
         size = None
     return ModelInfo(path=str(model.path), file_bytes=size, description=model.description(),
                      n_params=model.n_params(), n_vocab=model.n_vocab, n_ctx=model.n_ctx,
-                     n_threads=model.n_threads, load_seconds=load_seconds)
+                     n_threads=model.n_threads, load_seconds=model.load_seconds)
