@@ -268,8 +268,6 @@ def test_interrupted_bench_keeps_whole_pairs(fixture_models) -> None:
     assert any("interrupted" in message for _, message in bench_notes(result))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: bench.py _run_pairs reports the step of a pair's second run "
-                   "before it keeps the pair, so Ctrl-C right after that step drops a completed pair")
 def test_an_interrupt_right_after_a_pair_completes_keeps_that_pair(fixture_models) -> None:
     progress = RecordingProgress(interrupt_after_runs=6)  # the third pair's second run has finished
     result = run_bench(tiny_config(fixture_models), progress=progress)
@@ -485,9 +483,9 @@ def test_ctrl_c_stops_the_bench_with_exit_130_and_keeps_whole_pairs(fixture_mode
     os.close(slave)
     seen = b""
     try:
-        # Wait until the progress shows the third run done: the first pair was recorded before that
-        # run started (the step of a pair's second run is shown just before the pair is kept). The
-        # timeout only guards against a hang, it is not the synchronisation.
+        # Wait until the progress shows the third run done: the first pair was kept before its
+        # second run's step was shown, so at least one whole pair is recorded. The timeout only
+        # guards against a hang, it is not the synchronisation.
         deadline = time.monotonic() + 120
         while completed_runs(seen) < 3:
             assert time.monotonic() < deadline, f"no progress seen: {seen[-500:]!r}"

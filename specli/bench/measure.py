@@ -257,10 +257,13 @@ def _run_pairs(loaded: _LoadedPair, config: BenchConfig, prompts: list[BenchProm
                         done.append(_record(seq, temp, k, prompt.name, rep, pair, mode, position, seed,
                                             stats, outputs[mode], result.curve))
                         seq += 1
-                        _step(progress, f"T={temp:g} k={k} {prompt.name} #{rep + 1} {mode}")
-                    # Only whole pairs are kept, so an interrupted bench never holds half a pair.
+                        if position == 0:
+                            _step(progress, f"T={temp:g} k={k} {prompt.name} #{rep + 1} {mode}")
+                    # Only whole pairs are kept, so an interrupted bench never holds half a pair; the
+                    # pair is kept before its last step is reported, so a Ctrl-C there keeps it.
                     _keep_pair(done, outputs, result)
                     pair += 1
+                    _step(progress, f"T={temp:g} k={k} {prompt.name} #{rep + 1} {done[-1].mode}")
 
 
 def _keep_pair(done: list[RunRecord], outputs: dict[str, list[int]], result: BenchResult) -> None:
