@@ -92,13 +92,13 @@ def load(
             try:
                 # A recurrent/hybrid draft goes back through a checkpoint of its state (Model.checkpoint).
                 compat = require_compatible(target_model, draft_model)
-            except Exception:
+            except BaseException:
                 draft_model.close()
                 raise
             model_drafter = DraftModelDrafter(draft_model, target_model.n_vocab, p_min=draft_p_min)
             drafter = CombinedDrafter(model_drafter, NGramDrafter()) if ngram else model_drafter
         return Speculator(target_model, drafter, compat)
-    except Exception:
+    except BaseException:
         if drafter is not None:
             drafter.close()
         target_model.close()

@@ -388,15 +388,9 @@ def bench(
 ) -> None:
     """Does speculation pay here? Plain and speculative runs, interleaved, side by side."""
     from specli import llama
-    from specli.bench import (
-        BenchConfig,
-        load_prompts,
-        parse_k_list,
-        parse_temp_list,
-        run_bench,
-        write_csv,
-        write_json,
-    )
+    from specli.bench.files import write_csv, write_json
+    from specli.bench.measure import run_bench
+    from specli.bench.suite import BenchConfig, load_prompts, parse_k_list, parse_temp_list
     from specli.ui.bench_view import bench_progress, render_bench
 
     out = make_console()

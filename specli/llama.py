@@ -130,6 +130,7 @@ class Model:
     """One GGUF model, one llama.cpp context, one sequence (seq id 0)."""
 
     def __init__(self, path: str | Path, options: ModelOptions | None = None) -> None:
+        started = time.perf_counter()
         _ensure_backend()
         self.path = Path(path)
         self.options = opts = options or ModelOptions()
@@ -206,6 +207,8 @@ class Model:
         # is single-use until the next decode, so this is min(rs_seq, last batch - 1), else 0.
         self._rollback_room = 0
         self._checkpoint: tuple[int, ctypes.Array[ctypes.c_uint8]] | None = None  # (position, state)
+        # Reading the file and building the context, as `specli bench` reports it per model.
+        self.load_seconds = time.perf_counter() - started
 
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes per context position (F16 keys and values, every layer), from the model's

@@ -20,26 +20,21 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specli.bench import (
+from specli.bench.aggregate import bench_notes, first_difference, iter_pairs
+from specli.bench.files import write_csv, write_json
+from specli.bench.measure import run_bench
+from specli.bench.prediction import VerifyCurve, VerifyPoint, predicted_speedup
+from specli.bench.results import BenchResult, Spread
+from specli.bench.suite import (
     BUILTIN_PROMPTS,
     BenchConfig,
     BenchError,
     BenchPrompt,
-    BenchResult,
     PromptFileError,
-    Spread,
-    VerifyCurve,
-    VerifyPoint,
-    bench_notes,
-    iter_pairs,
     load_prompts,
     parse_k_list,
     parse_prompts,
     parse_temp_list,
-    predicted_speedup,
-    run_bench,
-    write_csv,
-    write_json,
 )
 from specli.cli import app
 from specli.errors import UsageProblem
@@ -167,6 +162,8 @@ def test_progress_phases_and_excluded_timings(bench) -> None:
     assert [name for name, _ in progress.phases] == ["load", "warm-up", "verify cost", "runs"]
     assert progress.steps["runs"] == dict(progress.phases)["runs"] == len(result.runs)
     assert result.load_seconds > 0 and result.warmup_seconds > 0 and result.curve_seconds > 0
+    assert result.load_seconds == result.target.load_seconds + result.draft.load_seconds
+    assert result.target.load_seconds > 0 and result.draft.load_seconds > 0
     assert result.target.n_params > 0 and result.draft.n_vocab == result.target.n_vocab
 
 
@@ -271,13 +268,18 @@ def test_interrupted_bench_keeps_whole_pairs(fixture_models) -> None:
     assert any("interrupted" in message for _, message in bench_notes(result))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: bench.py _run_pairs reports the step of a pair's second run "
-                   "before it keeps the pair, so Ctrl-C right after that step drops a completed pair")
 def test_an_interrupt_right_after_a_pair_completes_keeps_that_pair(fixture_models) -> None:
     progress = RecordingProgress(interrupt_after_runs=6)  # the third pair's second run has finished
     result = run_bench(tiny_config(fixture_models), progress=progress)
     assert result.interrupted
     assert len(result.runs) == 6
+
+
+def test_the_pair_is_built_by_api_load(fixture_models) -> None:
+    """bench loads through specli.api.load, so it refuses what `load` refuses (here: MTP drafting on a
+    target without MTP layers) with load's own message."""
+    with pytest.raises(ValueError, match="has no MTP"):
+        run_bench(tiny_config(fixture_models, draft="mtp"))
 
 
 def test_context_too_small_is_a_usage_problem(fixture_models) -> None:
@@ -364,10 +366,13 @@ def test_predicted_speedup_uses_the_curve() -> None:
     # Two rounds at k = 2 and one plain round: E tokens for (cost) seconds, against T_v(1) per token.
     expected = 2 * expected_tokens_per_round(alpha, 2) + 1
     cost = 2 * (2 * c + 0.014) + 0.010
-    assert predicted_speedup(curve, alpha, c, [2, 0, 2]) == pytest.approx(expected * 0.010 / cost)
-    assert predicted_speedup(curve, None, None, [0, 0]) == pytest.approx(1.0)
-    assert predicted_speedup(curve, None, None, [2]) is None
-    assert predicted_speedup(curve, 0.5, c, []) is None
+    assert predicted_speedup(curve, alpha, alpha, c, [2, 0, 2]) == pytest.approx(expected * 0.010 / cost)
+    # Two rates (the model auto chooses k with): the first draft passes with a1, each later with a2.
+    two_rate = 2 * (1 + 0.6 + 0.6 * 0.9) + 1
+    assert predicted_speedup(curve, 0.6, 0.9, c, [2, 0, 2]) == pytest.approx(two_rate * 0.010 / cost)
+    assert predicted_speedup(curve, None, None, None, [0, 0]) == pytest.approx(1.0)
+    assert predicted_speedup(curve, None, None, None, [2]) is None
+    assert predicted_speedup(curve, 0.5, 0.5, c, []) is None
     # Past the measured sizes the curve extrapolates linearly.
     assert curve.ms(5) == pytest.approx(18.0)
 
@@ -481,9 +486,9 @@ def test_ctrl_c_stops_the_bench_with_exit_130_and_keeps_whole_pairs(fixture_mode
     os.close(slave)
     seen = b""
     try:
-        # Wait until the progress shows the third run done: the first pair was recorded before that
-        # run started (the step of a pair's second run is shown just before the pair is kept). The
-        # timeout only guards against a hang, it is not the synchronisation.
+        # Wait until the progress shows the third run done: the first pair was kept before its
+        # second run's step was shown, so at least one whole pair is recorded. The timeout only
+        # guards against a hang, it is not the synchronisation.
         deadline = time.monotonic() + 120
         while completed_runs(seen) < 3:
             assert time.monotonic() < deadline, f"no progress seen: {seen[-500:]!r}"
@@ -510,8 +515,6 @@ def test_ctrl_c_stops_the_bench_with_exit_130_and_keeps_whole_pairs(fixture_mode
 
 
 def test_first_difference() -> None:
-    from specli.bench import first_difference
-
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2

@@ -27,7 +27,10 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from specli.bench import BenchProgress, BenchResult, ConfigResult, Spread, VerifyCurve, bench_notes
+from specli.bench.aggregate import bench_notes
+from specli.bench.measure import BenchProgress
+from specli.bench.prediction import VerifyCurve
+from specli.bench.results import BenchResult, ConfigResult, Spread
 
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 
