@@ -93,9 +93,6 @@ GpuLayersOpt = typer.Option(
 VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's own log.")
 
 
-_parse_draft_max = parse_draft_max
-
-
 def _read_prompt(prompt: str) -> str:
     if prompt == "-":
         stdin = getattr(sys.stdin, "buffer", None)
@@ -222,7 +219,7 @@ def generation_params(values: dict[str, Any], stop: tuple[str, ...] = ()):
         ),
         seed=seed,
         stop=stop,
-        draft_max=_parse_draft_max(str(values["draft_max"])),
+        draft_max=parse_draft_max(str(values["draft_max"])),
     )
 
 
@@ -271,7 +268,7 @@ def run(
     out = make_console()
     err = make_console(stderr=True)
     with friendly_errors():
-        _parse_draft_max(draft_max)
+        parse_draft_max(draft_max)
         for s in stop:
             valid_text(s, "--stop")
         text = _read_prompt(prompt)
@@ -498,7 +495,7 @@ def chat(
 
     err = make_console(stderr=True)
     with friendly_errors():
-        _parse_draft_max(draft_max)
+        parse_draft_max(draft_max)
         if (name is None) == (target is None):
             raise UsageProblem("give the target once: `specli chat NAME` or `specli chat --target FILE`")
         if system is not None:
@@ -515,7 +512,7 @@ def chat(
                 top_k=v["top_k"],
                 top_p=v["top_p"],
                 min_p=v["min_p"],
-                draft_max=_parse_draft_max(str(v["draft_max"])),
+                draft_max=parse_draft_max(str(v["draft_max"])),
                 seed=v["seed"],
                 same_as_plain=same_as_plain,
                 show_rejected=show_rejected,

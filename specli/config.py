@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specli.fileio import regular_file_problem
+from specli.options import MAX_DRAFT_K
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -124,9 +125,9 @@ def _is_number(v: Any) -> bool:
 def _check_setting(name: str, value: Any) -> tuple[Any, str | None]:
     """(normalised value, None) if ``value`` is valid for setting ``name``, else (value, what is expected)."""
     if name == "draft_max":
-        if value == "auto" or (_is_int(value) and 0 <= value <= 64):
+        if value == "auto" or (_is_int(value) and 0 <= value <= MAX_DRAFT_K):
             return value, None
-        return value, 'must be a whole number from 0 to 64, or "auto"'
+        return value, f'must be a whole number from 0 to {MAX_DRAFT_K}, or "auto"'
     rules: dict[str, tuple[bool, Any, str]] = {
         # name: (integer?, predicate, what is expected)
         "ctx": (True, lambda v: v >= 16, "must be a whole number >= 16 (tokens of context)"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specli.errors import UsageProblem
-from specli.options import temperature_problem
+from specli.options import MAX_DRAFT_K, temperature_problem
 from specli.policy import AutoK
 from specli.sampling import DEFAULT_SAMPLING, SamplingParams
 
@@ -141,7 +141,7 @@ def _unique_names(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
 
 
 def parse_k_list(value: str) -> list[K]:
-    """'1,2,4,auto' -> [1, 2, 4, 'auto'] (each k in 1..64, no duplicates)."""
+    """'1,2,4,auto' -> [1, 2, 4, 'auto'] (each k in 1..MAX_DRAFT_K, no duplicates)."""
     out: list[K] = []
     for item in (s.strip() for s in value.split(",")):
         if not item:
@@ -153,8 +153,10 @@ def parse_k_list(value: str) -> list[K]:
                 k = int(item)
             except ValueError:
                 raise BenchError(f"-k: {item!r} is not a whole number or 'auto'") from None
-            if not 1 <= k <= 64:
-                raise BenchError(f"-k: {k} is out of range 1..64 (k = 0 is the plain baseline, always run)")
+            if not 1 <= k <= MAX_DRAFT_K:
+                raise BenchError(
+                    f"-k: {k} is out of range 1..{MAX_DRAFT_K} (k = 0 is the plain baseline, always run)"
+                )
         if k not in out:
             out.append(k)
     if not out:
@@ -216,8 +218,8 @@ class BenchConfig:
         if not self.ks:
             raise BenchError("no draft lengths to bench (-k)")
         for k in self.ks:
-            if k != AUTO and not (isinstance(k, int) and 1 <= k <= 64):
-                raise BenchError(f"-k: {k!r} is not a draft length in 1..64 or 'auto'")
+            if k != AUTO and not (isinstance(k, int) and 1 <= k <= MAX_DRAFT_K):
+                raise BenchError(f"-k: {k!r} is not a draft length in 1..{MAX_DRAFT_K} or 'auto'")
         if not self.temps or any(not t >= 0 for t in self.temps):
             raise BenchError("--temp: need one or more temperatures >= 0")
         if self.max_tokens < 1:

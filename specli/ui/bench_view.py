@@ -342,7 +342,7 @@ def verdict(result: BenchResult) -> Text:
         t.append(f", range {sp.min:.2f}–{sp.max:.2f}×", style="dim")
     t.append(")", style="dim")
     if best.predicted_speedup is not None:
-        t.append(f"; Leviathan's formula predicts {best.predicted_speedup:.2f}× from the measured acceptance "
+        t.append(f"; the cost model predicts {best.predicted_speedup:.2f}× from the measured acceptance "
                  f"and costs", style="dim")
         if best.efficiency is not None:
             t.append(f" (efficiency {100 * best.efficiency:.0f} %)", style="dim")
@@ -362,9 +362,10 @@ def render_bench(result: BenchResult, console: Console) -> None:
         if not _fits(console, table):
             table = results_table(result, compact=True)
         console.print(table)
-        console.print(Text("predicted: Leviathan et al. from the measured acceptance α, draft cost and "
-                           "verify curve · efficiency = measured / predicted · spec won: pairs in which "
-                           "speculative decoding was faster", style="dim"))
+        console.print(Text("predicted: Leviathan et al. with two acceptance rates (first draft a1, later "
+                           "a2), the draft cost and the verify curve, as -k auto predicts · efficiency = "
+                           "measured / predicted · spec won: pairs in which speculative decoding was faster",
+                           style="dim"))
         console.print()
         console.print(Group(Text("median speedup (┃ = 1.0×, break-even)", style="bold"),
                             speedup_chart(result.configs)))
