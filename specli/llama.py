@@ -644,7 +644,10 @@ class MTPContext:
                 f"{target.path.name}: llama.cpp could not create an MTP context over this model "
                 "(run with --verbose for its log)"
             )
-        llc_ext.llama_set_embeddings_nextn(self._ctx, True, True)  # rows only where logits are asked
+        # Unmasked: a row for every token of the batch. Masked, llama.cpp copies the first n_outputs
+        # rows of the MTP graph's h (all tokens) instead of the output rows: a catch-up batch with
+        # its last token as output would hand back the first token's h.
+        llc_ext.llama_set_embeddings_nextn(self._ctx, True, False)
         self._mem = llc.llama_get_memory(self._ctx)
         self._batch = llc.llama_batch_ext_init(self._ctx)
         if not self._batch:
@@ -672,11 +675,12 @@ class MTPContext:
         if self.n_past + n > self.target.n_ctx:
             raise ContextFullError(f"context full: the MTP context holds {self.target.n_ctx} tokens")
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        start = 0
         for start in range(0, n, self.n_batch):
             stop = min(start + self.n_batch, n)
             self._decode_chunk(tokens[start:stop], hidden[start:stop], last=stop == n)
         logits = llc.llama_get_logits_ith(self._ctx, -1)
-        h = llc_ext.llama_get_embeddings_nextn_ith(self._ctx, -1)
+        h = llc_ext.llama_get_embeddings_nextn_ith(self._ctx, n - start - 1)  # the last chunk's last row
         if not logits or not h:
             raise LlamaError("llama.cpp returned no MTP output")
         return (np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).copy(),

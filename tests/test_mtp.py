@@ -1,0 +1,149 @@
+"""`--draft mtp`: self-drafting from the target's own MTP (NextN) block, on real llama.cpp inference
+over a tiny Qwen3.5 with one MTP block written by specli.synth.mtp. Greedy and seeded output equal
+plain decoding, the MTP context's rollback, and the refusal on a model without MTP layers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import plain_greedy
+
+from specli import GenerationParams, SamplingParams, load
+from specli.llama import LlamaError, Model, ModelOptions, MTPContext
+from specli.synth.mtp import build_mtp_fixture
+
+PROMPTS = ("Once upon a time", "The function returns")
+GREEDY = SamplingParams(temperature=0.0)
+N = 48  # past position 33, where the Qwen3.5 fixture's logits once turned NaN
+EXE = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
+
+
+@pytest.fixture(scope="session")
+def mtp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_mtp_fixture(tmp_path_factory.mktemp("mtp-model"))
+
+
+def run(spec, prompt: str, **params) -> tuple[list[int], dict]:
+    generation = spec.generate(prompt, GenerationParams(ignore_eos=True, **params)).complete()
+    return generation.tokens, generation.stats.as_dict()
+
+
+def test_fixture_has_an_mtp_block_and_stays_finite(mtp_model) -> None:
+    with Model(mtp_model, ModelOptions(n_ctx=512, n_threads=1, load_mtp=True)) as m:
+        assert m.architecture == "qwen35" and m.is_recurrent and m.n_layer_nextn == 1
+        rows = m.decode(m.tokenize(PROMPTS[0]), outputs="last")
+        for _ in range(200):
+            rows = m.decode([int(np.argmax(rows[0]))], outputs="last")
+        assert np.isfinite(rows).all() and np.isfinite(m.hidden_rows(0, m.n_past)).all()
+
+
+@pytest.mark.parametrize("k", [1, 3, "auto"])
+def test_greedy_mtp_drafting_equals_plain_greedy(mtp_model, k) -> None:
+    with load(mtp_model, "mtp", n_ctx=512, n_threads=1) as spec:
+        drafted = accepted = 0
+        for prompt in PROMPTS:
+            reference = plain_greedy(mtp_model, prompt, N, stop_at_eog=False)
+            tokens, stats = run(spec, prompt, max_tokens=N, sampling=GREEDY, draft_max=k, seed=1)
+            assert tokens == reference, prompt
+            drafted, accepted = drafted + stats["drafted"], accepted + stats["accepted"]
+        if k != "auto":  # auto may find drafting does not pay on this tiny model
+            assert drafted >= len(PROMPTS) * N // (k + 1) and 0 < accepted < drafted
+
+
+def test_generations_in_a_row_reuse_the_mtp_cache(mtp_model) -> None:
+    """A second generation (same prompt, then a longer one sharing it) keeps what the MTP context
+    holds of the common prefix and still equals plain decoding."""
+    reference = plain_greedy(mtp_model, PROMPTS[0], 24, stop_at_eog=False)
+    with load(mtp_model, "mtp", n_ctx=512, n_threads=1) as spec:
+        for _ in range(2):
+            tokens, _ = run(spec, PROMPTS[0], max_tokens=24, sampling=GREEDY, draft_max=3, seed=1)
+            assert tokens == reference
+        longer = spec.tokenize(PROMPTS[0]) + reference[:10]
+        tokens = spec.generate(longer, GenerationParams(max_tokens=14, sampling=GREEDY, draft_max=3,
+                                                        ignore_eos=True)).complete().tokens
+        assert tokens == reference[10:24]
+
+
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_seeded_sampled_mtp_run_prints_plain_decodings_tokens(mtp_model, k) -> None:
+    sampling = SamplingParams(temperature=0.9)
+    with load(mtp_model, None, n_ctx=512, n_threads=1) as plain, \
+            load(mtp_model, "mtp", n_ctx=512, n_threads=1) as spec:
+        drafted = 0
+        for seed in (3, 11):
+            reference, _ = run(plain, PROMPTS[0], max_tokens=N, sampling=sampling, seed=seed)
+            tokens, stats = run(spec, PROMPTS[0], max_tokens=N, sampling=sampling, seed=seed,
+                                draft_max=k, same_as_plain=True)
+            assert tokens == reference, seed
+            drafted += stats["drafted"]
+        if k != "auto":
+            assert drafted > 0
+
+
+def test_mtp_rollback_gives_the_logits_of_a_fresh_evaluation(mtp_model) -> None:
+    """Drafted positions are dropped from the MTP context; what it computes next equals what a fresh
+    MTP context computes over the same positions."""
+    with Model(mtp_model, ModelOptions(n_ctx=512, n_threads=1, load_mtp=True)) as target:
+        prompt = target.tokenize(PROMPTS[0])
+        target.decode([*prompt, 300, 301, 302, 303], outputs="none")
+        hidden = np.vstack([np.zeros((1, target.n_embd), np.float32), target.hidden_rows(0, target.n_past)])
+        tokens = target.tokens
+        n = len(prompt)
+        mtp, fresh, kept = MTPContext(target), MTPContext(target), MTPContext(target)
+        try:
+            mtp.decode(tokens[:n], hidden[:n])
+            _, h = mtp.decode([77], hidden[n : n + 1])  # a draft reads the MTP head's own h ...
+            mtp.decode([78], h[None, :])
+            mtp.truncate(n)  # ... and is dropped
+            after, h_after = mtp.decode(tokens[n:], hidden[n : len(tokens)])
+            reference, h_reference = fresh.decode(tokens, hidden[: len(tokens)])
+            assert mtp.tokens == fresh.tokens == tokens
+            assert np.abs(after - reference).max() < 1e-4
+            assert np.abs(h_after - h_reference).max() < 1e-4
+            # Had the draft stayed in the cache, the logits would differ: the check can fail.
+            kept.decode([*tokens[:n], 77, 78], np.vstack([hidden[: n + 1], h[None, :]]))
+            stale, _ = kept.decode(tokens[n:], hidden[n : len(tokens)])
+            assert np.abs(stale - reference).max() > 1e-2
+        finally:
+            for context in (mtp, fresh, kept):
+                context.close()
+
+
+def test_mtp_context_needs_a_target_loaded_with_its_mtp_layers(mtp_model) -> None:
+    with Model(mtp_model, ModelOptions(n_ctx=256, n_threads=1)) as target:
+        with pytest.raises(LlamaError, match="load_mtp"):
+            MTPContext(target)
+
+
+def test_mtp_draft_is_refused_on_a_model_without_mtp_layers(fixture_models) -> None:
+    with pytest.raises(ValueError, match=r"has no MTP .*llama\.nextn_predict_layers is 0.*--draft ngram"):
+        load(fixture_models.target, "mtp", n_ctx=256, n_threads=1)
+
+
+def _specli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XDG_CONFIG_HOME": str(cwd / "xdg"), "XDG_STATE_HOME": str(cwd / "state")}
+    env.pop("SPECLI_CONFIG", None)
+    return subprocess.run([EXE, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+
+
+def test_cli_runs_draft_mtp_and_refuses_it_without_mtp_layers(mtp_model, fixture_models, tmp_path) -> None:
+    common = ("-n", "24", "--temp", "0", "-k", "3", "-t", "1", "-c", "512", "--ignore-eos", "--json")
+    spec = _specli("run", "-m", str(mtp_model), "--draft", "mtp", PROMPTS[0], *common, cwd=tmp_path)
+    plain = _specli("run", "-m", str(mtp_model), "--no-draft", PROMPTS[0], *common, cwd=tmp_path)
+    assert spec.returncode == 0 and plain.returncode == 0, (spec.stderr, plain.stderr)
+    spec_out, plain_out = json.loads(spec.stdout), json.loads(plain.stdout)
+    assert spec_out["tokens"] == plain_out["tokens"] and spec_out["stats"]["drafted"] > 0
+
+    refused = _specli("run", "-m", str(fixture_models.target), "--draft", "mtp", PROMPTS[0], "-n", "4",
+                      "-t", "1", cwd=tmp_path)
+    assert refused.returncode == 1, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specli: error:") and "no MTP" in lines[0]
+    assert "Traceback" not in refused.stderr
