@@ -214,6 +214,7 @@ class Model:
         # With load_mtp: the hidden state (h_nextn) at each cached position, row p for position p; rows
         # at and past n_past are stale. An MTP context reads h_{p-1} with token p.
         self._hidden: np.ndarray | None = None
+        self._hidden_upto = 0  # rows of positions 0.. up to here were recorded after their decode
         if opts.load_mtp:
             self.n_embd = int(llc.llama_model_n_embd(self._model))
             llc_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: every token's row
@@ -408,6 +409,7 @@ class Model:
         if outputs == "last":
             b.logits[m - 1] = True
         b.n_tokens = m
+        self._hidden_upto = min(self._hidden_upto, pos0)  # rows from pos0 on are about to change
         t0 = time.perf_counter()
         try:
             rc = llc.llama_decode(self._ctx, b)
@@ -446,14 +448,15 @@ class Model:
         if not ptr:
             raise LlamaError(f"{self.path.name}: llama.cpp returned no hidden state (MTP)")
         self._hidden[pos0:need] = np.ctypeslib.as_array(ptr, shape=(m, self.n_embd))
+        self._hidden_upto = need
 
     def hidden_rows(self, start: int, stop: int) -> np.ndarray:
         """The hidden states llama.cpp hands to MTP heads (h_nextn) at cache positions start..stop-1:
         a view, valid until the next decode. Needs load_mtp."""
         if self._hidden is None:
             raise LlamaError(f"{self.path.name}: hidden states are recorded only with load_mtp")
-        if not 0 <= start <= stop <= self.n_past:
-            raise ValueError(f"hidden rows {start}..{stop} are not all cached (cache holds {self.n_past})")
+        if not 0 <= start <= stop <= min(self.n_past, self._hidden_upto):
+            raise LlamaError(f"hidden states {start}..{stop} were not all recorded ({self.n_past} cached)")
         return self._hidden[start:stop]
 
     def _resync(self, chunk: Sequence[int], pos0: int) -> None:
@@ -467,6 +470,16 @@ class Model:
         self._rollback_room = 0
         if self._checkpoint is not None and held < self._checkpoint[0]:
             self._checkpoint = None
+        if self._hidden is not None and held > self._hidden_upto:
+            # Interrupted between a decode and recording its hidden states: an MTP drafter could
+            # not read them, so the cache gives those positions up (they are evaluated again).
+            if self._recurrent:
+                llc.llama_memory_clear(self._mem, True)
+                self.tokens.clear()
+                self._checkpoint = None
+            else:
+                llc.llama_memory_seq_rm(self._mem, 0, self._hidden_upto, -1)
+                del self.tokens[self._hidden_upto :]
 
     def truncate(self, n_keep: int) -> None:
         """Drop cache positions n_keep.. (a rejected draft suffix). Nothing kept is re-evaluated,

@@ -147,3 +147,30 @@ def test_cli_runs_draft_mtp_and_refuses_it_without_mtp_layers(mtp_model, fixture
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specli: error:") and "no MTP" in lines[0]
     assert "Traceback" not in refused.stderr
+
+
+def test_interrupt_before_the_hidden_states_are_recorded(mtp_model, monkeypatch) -> None:
+    """Ctrl-C can land after llama_decode and before the target records the hidden states the MTP
+    head reads: the target then gives those positions up, and the next generation equals plain."""
+    reference = plain_greedy(mtp_model, PROMPTS[0], 24, stop_at_eog=False)
+    with load(mtp_model, "mtp", n_ctx=512, n_threads=1) as spec:
+        record = Model._record_hidden
+        calls = 0
+
+        def interrupted(self, pos0: int, m: int) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 4:  # a verify batch, a few rounds in
+                raise KeyboardInterrupt
+            record(self, pos0, m)
+
+        monkeypatch.setattr(Model, "_record_hidden", interrupted)
+        generation = spec.generate(PROMPTS[0], GenerationParams(max_tokens=24, sampling=GREEDY, draft_max=3,
+                                                                ignore_eos=True))
+        with pytest.raises(KeyboardInterrupt):
+            generation.complete()
+        generation.interrupt()
+        target = spec.target
+        assert target.n_past <= target._hidden_upto  # every cached position has its hidden state
+        tokens, stats = run(spec, PROMPTS[0], max_tokens=24, sampling=GREEDY, draft_max=3)
+        assert tokens == reference and stats["accepted"] > 0
