@@ -84,7 +84,9 @@ class MTPDrafter(Drafter):
         banned = sampler.params.banned
         params = sampler.params.unbanned  # each row's banned ids are masked in place first
         n = len(context)
-        self._keep_prefix(context)
+        # Within a generation the context only grows and drafted positions are dropped below, so
+        # what the MTP context holds is committed (begin() compared it token by token).
+        mtp.truncate(n - 1)
         t0 = time.perf_counter()
         row, h = self._catch_up(context)
         # The last round's verified tokens are read here every round (as llama.cpp's draft-mtp does
@@ -131,7 +133,6 @@ class MTPDrafter(Drafter):
         if not self._drafted:
             self._debt = True
         self._drafted = False
-        self._keep_prefix(context)
 
     def reset(self) -> None:
         self.mtp.reset()
