@@ -174,3 +174,12 @@ def test_interrupt_before_the_hidden_states_are_recorded(mtp_model, monkeypatch)
         assert target.n_past <= target._hidden_upto  # every cached position has its hidden state
         tokens, stats = run(spec, PROMPTS[0], max_tokens=24, sampling=GREEDY, draft_max=3)
         assert tokens == reference and stats["accepted"] > 0
+
+
+def test_models_toml_cannot_shadow_mtp(mtp_model, tmp_path) -> None:
+    from specli.config import ConfigError, load_config
+
+    config = tmp_path / "models.toml"
+    config.write_text(f'[models.mtp]\npath = "{mtp_model}"\n')
+    with pytest.raises(ConfigError, match="'mtp' is reserved .*--draft mtp"):
+        load_config(config)
