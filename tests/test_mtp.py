@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 import pytest
 from support import plain_greedy
@@ -183,3 +184,45 @@ def test_models_toml_cannot_shadow_mtp(mtp_model, tmp_path) -> None:
     config.write_text(f'[models.mtp]\npath = "{mtp_model}"\n')
     with pytest.raises(ConfigError, match="'mtp' is reserved .*--draft mtp"):
         load_config(config)
+
+
+def test_interrupts_anywhere_leave_target_and_mtp_caches_consistent(mtp_model) -> None:
+    """Ctrl-C between any two lines of specli's code (a line count, not a time): both caches still
+    say what they hold, every cached target position has its hidden state, and the next greedy
+    generation equals plain decoding."""
+
+    def interrupt_at(n: int):  # noqa: ANN202
+        left = [n]
+
+        def trace(frame, event, arg):  # noqa: ANN001, ANN202
+            if "/specli/" not in frame.f_code.co_filename:
+                return None
+            if event == "line" and left[0] > 0:
+                left[0] -= 1
+                if left[0] == 0:
+                    raise KeyboardInterrupt
+            return trace
+
+        return trace
+
+    greedy = GenerationParams(max_tokens=24, sampling=GREEDY, draft_max=3, ignore_eos=True)
+    expected = plain_greedy(mtp_model, PROMPTS[0], 24, stop_at_eog=False)
+    interrupted = 0
+    with load(mtp_model, "mtp", n_ctx=1024, n_threads=1) as spec:
+        for point in sorted(np.random.default_rng(0).integers(50, 6000, size=32).tolist()):
+            params = GenerationParams(max_tokens=60, sampling=SamplingParams(temperature=1.0), draft_max=4,
+                                      ignore_eos=True, seed=point)
+            sys.settrace(interrupt_at(point))
+            try:
+                for _ in spec.generate((PROMPTS[0] + " ") * 4, params):
+                    pass
+            except KeyboardInterrupt:
+                interrupted += 1
+            finally:
+                sys.settrace(None)
+            target, mtp = spec.target, spec.drafter.mtp
+            assert llama_cpp.llama_memory_seq_pos_max(target._mem, 0) + 1 == target.n_past
+            assert llama_cpp.llama_memory_seq_pos_max(mtp._mem, 0) + 1 == mtp.n_past
+            assert target.n_past <= target._hidden_upto
+            assert spec.generate(PROMPTS[0], greedy).complete().tokens == expected
+    assert interrupted > 16
