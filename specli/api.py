@@ -25,6 +25,12 @@ from specli.llama import Model, ModelOptions
 
 NGRAM = "ngram"
 MTP = "mtp"  # self-drafting from the target's multi-token-prediction (MTP / NextN) layers
+# Architectures whose llama.cpp graph has an MTP (LLM_GRAPH_TYPE_DECODER_MTP) form, from the bundled
+# src/models/*.cpp; on others an MTP context would run the trunk's graph over a cache without it.
+MTP_ARCHITECTURES = frozenset({
+    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe",
+    "glm5-next", "hy_v3", "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
+})
 
 
 class Speculator:
@@ -114,5 +120,11 @@ def _require_mtp(target: Model) -> None:
         raise ValueError(
             f"{target.path.name} has no MTP (multi-token prediction) layers "
             f"({target.architecture}.nextn_predict_layers is 0), so it cannot draft for itself; "
+            "use a draft model or --draft ngram"
+        )
+    if target.architecture not in MTP_ARCHITECTURES:
+        raise ValueError(
+            f"{target.path.name} has MTP layers, but the bundled llama.cpp runs MTP heads only for "
+            f"{', '.join(sorted(MTP_ARCHITECTURES))}, not {target.architecture}; "
             "use a draft model or --draft ngram"
         )

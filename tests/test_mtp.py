@@ -226,3 +226,38 @@ def test_interrupts_anywhere_leave_target_and_mtp_caches_consistent(mtp_model) -
             assert target.n_past <= target._hidden_upto
             assert spec.generate(PROMPTS[0], greedy).complete().tokens == expected
     assert interrupted > 16
+
+
+def _with_an_mtp_layer_declared(source: Path, path: Path) -> Path:
+    """A copy of a GGUF whose metadata declares one more block, an MTP one (nextn_predict_layers 1)."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(path, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = field.contents()
+        if name == f"{arch}.block_count":
+            value += 1
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, value, field.types[0], sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, value, field.types[0])
+    writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type,
+                          raw_shape=[int(x) for x in reversed(tensor.shape)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_mtp_draft_is_refused_on_an_architecture_without_an_mtp_graph(fixture_models, tmp_path) -> None:
+    """A llama GGUF that declares an MTP layer: llama.cpp has no MTP graph for llama, so no MTP context."""
+    path = _with_an_mtp_layer_declared(fixture_models.target, tmp_path / "llama-nextn.gguf")
+    with pytest.raises(ValueError, match=r"has MTP layers, but .* only for .*qwen35.*not llama"):
+        load(path, "mtp", n_ctx=256, n_threads=1)
