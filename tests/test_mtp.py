@@ -9,15 +9,17 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 import pytest
-from support import plain_greedy
+from support import null_tv_threshold, plain_greedy, tv
 
 from specli import GenerationParams, SamplingParams, load
 from specli.llama import LlamaError, Model, ModelOptions, MTPContext
+from specli.sampling import process_logits
 from specli.synth.mtp import build_mtp_fixture
 
 PROMPTS = ("Once upon a time", "The function returns")
@@ -261,3 +263,38 @@ def test_mtp_draft_is_refused_on_an_architecture_without_an_mtp_graph(fixture_mo
     path = _with_an_mtp_layer_declared(fixture_models.target, tmp_path / "llama-nextn.gguf")
     with pytest.raises(ValueError, match=r"has MTP layers, but .* only for .*qwen35.*not llama"):
         load(path, "mtp", n_ctx=256, n_threads=1)
+
+
+def test_rejection_rule_with_mtp_drafts_follows_the_target_distribution(mtp_model) -> None:
+    """--no-same-as-plain: the classic rule over the MTP head's q. Positions 1 and 2 of many seeded
+    generations (the second drafted from the head's own hidden state) against the target's exact
+    distributions, unfiltered at T = 1."""
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    trials = 1200
+    with Model(mtp_model, ModelOptions(n_ctx=256, n_threads=1)) as ref:
+        prompt = ref.tokenize(PROMPTS[0])
+        p1 = process_logits(ref.decode(prompt, outputs="last")[0], params)
+    firsts: Counter[int] = Counter()
+    pairs: Counter[tuple[int, int]] = Counter()
+    drafted = accepted = 0
+    with load(mtp_model, "mtp", n_ctx=256, n_threads=1) as spec:
+        for seed in range(trials):
+            generation = spec.generate(prompt, GenerationParams(max_tokens=3, sampling=params, seed=seed,
+                                                                draft_max=3, same_as_plain=False)).complete()
+            firsts[generation.tokens[0]] += 1
+            pairs[tuple(generation.tokens[:2])] += 1
+            drafted += generation.stats.drafted
+            accepted += generation.stats.accepted
+    assert drafted > 0 and 0 < accepted < drafted  # rejections and rollbacks happened
+    freq1 = np.zeros_like(p1)
+    for token, count in firsts.items():
+        freq1[token] = count / trials
+    assert tv(freq1, p1) < null_tv_threshold(p1, trials)
+    t1 = max(firsts, key=firsts.get)
+    with Model(mtp_model, ModelOptions(n_ctx=256, n_threads=1)) as ref:
+        p2 = process_logits(ref.decode([*prompt, t1], outputs="last")[0], params)
+    freq2 = np.zeros_like(p2)
+    for (a, b), count in pairs.items():
+        if a == t1:
+            freq2[b] += count / firsts[t1]
+    assert tv(freq2, p2) < null_tv_threshold(p2, firsts[t1])
