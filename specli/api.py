@@ -18,12 +18,19 @@ from specli.compat import CompatReport, require_compatible
 from specli.drafters.base import Drafter
 from specli.drafters.combined import CombinedDrafter
 from specli.drafters.model import DraftModelDrafter
+from specli.drafters.mtp import MTPDrafter
 from specli.drafters.ngram import NGramDrafter
 from specli.engine import Generation, GenerationParams, SpeculativeEngine
 from specli.llama import Model, ModelOptions
 
 NGRAM = "ngram"
-MTP = "mtp"  # self-drafting from the target's multi-token-prediction layers (not implemented yet)
+MTP = "mtp"  # self-drafting from the target's multi-token-prediction (MTP / NextN) layers
+# Architectures whose llama.cpp graph has an MTP (LLM_GRAPH_TYPE_DECODER_MTP) form, from the bundled
+# src/models/*.cpp; on others an MTP context would run the trunk's graph over a cache without it.
+MTP_ARCHITECTURES = frozenset({
+    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe",
+    "glm5-next", "hy_v3", "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
+})
 
 
 class Speculator:
@@ -69,13 +76,14 @@ def load(
 ) -> Speculator:
     """Load a target and optionally a drafter.
 
-    draft: a GGUF path (a draft model), "ngram" (prompt lookup, no model), or None (plain decoding);
-    "mtp" (self-drafting from the target's MTP layers) is refused with a clear error for now.
+    draft: a GGUF path (a draft model), "ngram" (prompt lookup, no model), "mtp" (self-drafting from
+    the target's own MTP layers; ValueError when its GGUF has none), or None (plain decoding).
     ngram=True with a draft model: combined drafting (n-gram matches first, the model otherwise).
     """
     # Without a drafter nothing rolls back: a recurrent target needs no state snapshots (each one is
     # a copy of the whole recurrent state, ~50 MB on a 9B Qwen3.5).
-    opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+    mtp = draft is not None and str(draft) == MTP
+    opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, load_mtp=mtp,
                         **({"max_rollback": 0} if draft is None else {}))
     target_model = Model(target, opts)
     drafter: Drafter | None = None
@@ -83,8 +91,9 @@ def load(
     try:
         if draft is not None and str(draft) == NGRAM:
             drafter = NGramDrafter()
-        elif draft is not None and str(draft) == MTP:
-            _refuse_mtp(target_model)
+        elif mtp:
+            _require_mtp(target_model)
+            drafter = MTPDrafter(target_model, p_min=draft_p_min)
         elif draft is not None:
             draft_model = Model(
                 draft, ModelOptions(n_ctx=target_model.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
@@ -105,17 +114,17 @@ def load(
         raise
 
 
-def _refuse_mtp(target: Model) -> None:
-    """draft="mtp": a clear error, whether or not the GGUF has MTP layers (the drafter over
-    llama.cpp's LLAMA_CONTEXT_TYPE_MTP context is not written yet)."""
-    n = target.n_layer_nextn
-    if n == 0:
+def _require_mtp(target: Model) -> None:
+    """draft="mtp" on a GGUF without MTP layers: a clear error naming the way out."""
+    if target.n_layer_nextn == 0:
         raise ValueError(
             f"{target.path.name} has no MTP (multi-token prediction) layers "
             f"({target.architecture}.nextn_predict_layers is 0), so it cannot draft for itself; "
             "use a draft model or --draft ngram"
         )
-    raise ValueError(
-        f"{target.path.name} has {n} MTP layer(s), but specli cannot draft with them yet; "
-        "use a draft model or --draft ngram"
-    )
+    if target.architecture not in MTP_ARCHITECTURES:
+        raise ValueError(
+            f"{target.path.name} has MTP layers, but the bundled llama.cpp runs MTP heads only for "
+            f"{', '.join(sorted(MTP_ARCHITECTURES))}, not {target.architecture}; "
+            "use a draft model or --draft ngram"
+        )

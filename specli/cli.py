@@ -47,7 +47,8 @@ DraftOpt = typer.Option(
     None,
     "--draft",
     "-md",
-    help="Draft: a .gguf path, a models.toml name, or 'ngram' (prompt lookup, no model).",
+    help="Draft: a .gguf path, a models.toml name, 'ngram' (prompt lookup, no model) or 'mtp' (the "
+    "target's own MTP layers).",
 )
 NoDraftOpt = typer.Option(
     False, "--no-draft", help="Plain target decoding through the same code path (baseline)."
@@ -108,7 +109,7 @@ class Plan:
     """What a command will load and with which settings, after models.toml and the flags are merged."""
 
     target: Path
-    draft: str | Path | None  # a path, "ngram", or None
+    draft: str | Path | None  # a path, "ngram", "mtp", or None
     values: dict[str, Any]  # the effective setting values (see config.SETTING_NAMES)
 
 
@@ -125,7 +126,7 @@ def plan_models(
 ) -> Plan:
     """Resolve names or paths through models.toml; settings: CLI defaults < [defaults] < the model's
     own < flags given on the command line."""
-    from specli.api import NGRAM
+    from specli.api import MTP, NGRAM
     from specli.config import explicit_cli_values, find_config, load_config, merge_settings
 
     if no_draft and draft is not None:
@@ -150,8 +151,8 @@ def plan_models(
     draft_arg: str | Path | None = None
     if not no_draft:
         wanted = draft if draft is not None else default_draft
-        if wanted == NGRAM:
-            draft_arg = NGRAM
+        if wanted in (NGRAM, MTP):
+            draft_arg = wanted
         elif wanted is not None:
             draft_arg = cfg.resolve(wanted).path if cfg else Path(wanted).expanduser()
             draft_arg = _validated(Path(draft_arg))
@@ -160,9 +161,9 @@ def plan_models(
 
 def _check_ngram(ngram: bool, draft: str | Path | None) -> None:
     """--ngram combines n-gram lookup with a draft model; without one it would do nothing."""
-    from specli.api import NGRAM
+    from specli.api import MTP, NGRAM
 
-    if ngram and (draft is None or draft == NGRAM):
+    if ngram and (draft is None or draft in (NGRAM, MTP)):
         raise UsageProblem(
             "--ngram adds n-gram lookup to a draft model, and there is none: give --draft MODEL "
             "(or --draft ngram for n-gram lookup alone)"
@@ -171,12 +172,12 @@ def _check_ngram(ngram: bool, draft: str | Path | None) -> None:
 
 def _load(plan: Plan, *, ngram: bool, draft_p_min: float, verbose: bool, err: Console):
     from specli import llama
-    from specli.api import NGRAM, load
+    from specli.api import MTP, NGRAM, load
 
     llama.set_verbose(verbose)
     v = plan.values
     draft = plan.draft
-    if draft not in (None, NGRAM) and Path(draft).resolve() == plan.target.resolve():
+    if draft not in (None, NGRAM, MTP) and Path(draft).resolve() == plan.target.resolve():
         err.print(
             "[yellow]note:[/] the draft is the target itself: every draft is accepted, "
             "but drafting costs as much as verifying, so this cannot be faster"
@@ -190,7 +191,7 @@ def _load(plan: Plan, *, ngram: bool, draft_p_min: float, verbose: bool, err: Co
             n_threads=v["threads"],
             n_gpu_layers=v["gpu_layers"],
             draft_p_min=draft_p_min,
-            ngram=ngram and draft not in (None, NGRAM),
+            ngram=ngram and draft not in (None, NGRAM, MTP),
         )
     if spec.target.n_ctx != v["ctx"]:
         # llama.cpp rounds contexts up to a multiple of 256: say what the user got
@@ -399,6 +400,8 @@ def bench(
         plan = plan_models(context, target, draft, no_draft=False, config=config)
         if plan.draft is None:
             raise UsageProblem("bench compares against a drafter: give --draft (a model, or 'ngram')")
+        if plan.draft == "mtp":
+            raise UsageProblem("bench does not run --draft mtp yet: compare with `specli run --json`")
         _check_ngram(ngram, plan.draft)
         llama.set_verbose(verbose)
         v = plan.values

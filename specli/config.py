@@ -54,6 +54,7 @@ __all__ = [
 
 CONFIG_NAME = "models.toml"
 RESERVED_DRAFT_NAME = "ngram"  # api.NGRAM; not imported, so reading a config needs no llama.cpp
+RESERVED_MTP_NAME = "mtp"  # api.MTP: `--draft mtp` drafts with the target's own MTP layers
 ENV_VAR = "SPECLI_CONFIG"
 
 
@@ -432,6 +433,9 @@ class _Loader:
             # `--draft ngram` means n-gram lookup; a model of that name could never be chosen as a draft
             raise self.error(where, f"the name {RESERVED_DRAFT_NAME!r} is reserved for n-gram drafting "
                                     "(--draft ngram); rename this model")
+        if name.strip().lower() == RESERVED_MTP_NAME:
+            raise self.error(where, f"the name {RESERVED_MTP_NAME!r} is reserved for drafting with the "
+                                    "target's MTP layers (--draft mtp); rename this model")
         self.unknown_keys(table, _MODEL_KEYS, where)
         for key in ("path", "draft", "description", "url"):
             if key in table and not isinstance(table[key], str):

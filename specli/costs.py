@@ -118,9 +118,15 @@ class CostModel:
     refresh: int = 8
     _curve: list[float] | None = field(default=None, repr=False)
     _draft_seen: set[str] = field(default_factory=set, repr=False)
+    _verify_seen: set[int] = field(default_factory=set, repr=False)
     _stale: int = 0
 
     def observe_verify(self, m: int, seconds: float) -> None:
+        if m not in self._verify_seen:
+            # The first decode of a batch size builds its graph (on a tiny model 30x a warm one): a
+            # single such sample would be the whole curve, and auto might never measure that size again.
+            self._verify_seen.add(m)
+            return
         if m not in self.verify:
             self._curve = None
         self.verify.setdefault(m, deque(maxlen=self.window)).append(seconds)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import llama_cpp as llc
 import numpy as np
+from llama_cpp import llama_cpp_ext as llc_ext
 
 from specli.fileio import regular_file_problem
 
@@ -114,6 +115,9 @@ class ModelOptions:
     # Recurrent/hybrid models: positions the context can roll back (llama.cpp's n_rs_seq state
     # snapshots, where the architecture supports them). The engine never drafts more than this.
     max_rollback: int = 16
+    # Load the GGUF's MTP (NextN) layers and record the hidden state of every position decoded, so an
+    # MTPContext over this model can draft (llama.cpp skips those layers otherwise).
+    load_mtp: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,7 @@ class Model:
             raise LlamaError(f"{self.path}: {not_regular}; pass the path of a .gguf model file")
         mparams = llc.llama_model_default_params()
         mparams.n_gpu_layers = opts.n_gpu_layers
+        mparams.load_mtp = opts.load_mtp
         self._model = llc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise LlamaError(
@@ -209,6 +214,14 @@ class Model:
         self._checkpoint: tuple[int, ctypes.Array[ctypes.c_uint8]] | None = None  # (position, state)
         # Reading the file and building the context, as `specli bench` reports it per model.
         self.load_seconds = time.perf_counter() - started
+        # With load_mtp: the hidden state (h_nextn) at each cached position, row p for position p; rows
+        # at and past n_past are stale. An MTP context reads h_{p-1} with token p.
+        self._hidden: np.ndarray | None = None
+        self._hidden_upto = 0  # rows of positions 0.. up to here were recorded after their decode
+        if opts.load_mtp:
+            self.n_embd = int(llc.llama_model_n_embd(self._model))
+            llc_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: every token's row
+            self._hidden = np.zeros((min(n_ctx, 256), self.n_embd), dtype=np.float32)
 
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes per context position (F16 keys and values, every layer), from the model's
@@ -399,6 +412,7 @@ class Model:
         if outputs == "last":
             b.logits[m - 1] = True
         b.n_tokens = m
+        self._hidden_upto = min(self._hidden_upto, pos0)  # rows from pos0 on are about to change
         t0 = time.perf_counter()
         try:
             rc = llc.llama_decode(self._ctx, b)
@@ -416,6 +430,8 @@ class Model:
                 if rc == 1:
                     raise ContextFullError(f"context full: no KV slot for {m} tokens at position {pos0}")
                 raise LlamaError(f"llama_decode failed with code {rc}")
+            if self._hidden is not None:
+                self._record_hidden(pos0, m)
             self.tokens.extend(chunk)
             self._rollback_room = min(self.rs_seq, m - 1)
         except BaseException:
@@ -423,6 +439,28 @@ class Model:
             self._resync(chunk, pos0)
             raise
         return m if want_all else (1 if outputs == "last" else 0)
+
+    def _record_hidden(self, pos0: int, m: int) -> None:
+        assert self._hidden is not None
+        need = pos0 + m
+        if need > len(self._hidden):
+            grown = np.zeros((min(max(need, 2 * len(self._hidden)), self.n_ctx), self.n_embd), np.float32)
+            grown[:pos0] = self._hidden[:pos0]
+            self._hidden = grown
+        ptr = llc_ext.llama_get_embeddings_nextn(self._ctx)
+        if not ptr:
+            raise LlamaError(f"{self.path.name}: llama.cpp returned no hidden state (MTP)")
+        self._hidden[pos0:need] = np.ctypeslib.as_array(ptr, shape=(m, self.n_embd))
+        self._hidden_upto = need
+
+    def hidden_rows(self, start: int, stop: int) -> np.ndarray:
+        """The hidden states llama.cpp hands to MTP heads (h_nextn) at cache positions start..stop-1:
+        a view, valid until the next decode. Needs load_mtp."""
+        if self._hidden is None:
+            raise LlamaError(f"{self.path.name}: hidden states are recorded only with load_mtp")
+        if not 0 <= start <= stop <= min(self.n_past, self._hidden_upto):
+            raise LlamaError(f"hidden states {start}..{stop} were not all recorded ({self.n_past} cached)")
+        return self._hidden[start:stop]
 
     def _resync(self, chunk: Sequence[int], pos0: int) -> None:
         """Make `tokens` describe the cache again after an exception (Ctrl-C lands between any two
@@ -435,6 +473,16 @@ class Model:
         self._rollback_room = 0
         if self._checkpoint is not None and held < self._checkpoint[0]:
             self._checkpoint = None
+        if self._hidden is not None and held > self._hidden_upto:
+            # Interrupted between a decode and recording its hidden states: an MTP drafter could
+            # not read them, so the cache gives those positions up (they are evaluated again).
+            if self._recurrent:
+                llc.llama_memory_clear(self._mem, True)
+                self.tokens.clear()
+                self._checkpoint = None
+            else:
+                llc.llama_memory_seq_rm(self._mem, 0, self._hidden_upto, -1)
+                del self.tokens[self._hidden_upto :]
 
     def truncate(self, n_keep: int) -> None:
         """Drop cache positions n_keep.. (a rejected draft suffix). Nothing kept is re-evaluated,
@@ -569,6 +617,154 @@ class Model:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# -- MTP (multi-token prediction) --------------------------------------------------------------------
+
+
+class MTPContext:
+    """A llama.cpp context of type LLAMA_CONTEXT_TYPE_MTP over a target Model loaded with load_mtp:
+    the GGUF's MTP (NextN) block as a drafter, no second model (common/speculative.cpp's draft-mtp).
+
+    Its cache position p holds token x_p read together with the hidden state h_{p-1} that predicted
+    it (zeros at p = 0); the logits there predict x_{p+1}. It has a plain KV cache (the MTP block is
+    one attention layer), so any suffix truncates.
+    """
+
+    def __init__(self, target: Model) -> None:
+        if target._hidden is None:
+            raise LlamaError(f"{target.path.name}: load the target with load_mtp first")
+        self.target = target
+        self._ctx = None
+        self._batch = None
+        cparams = llc.llama_context_default_params()
+        cparams.n_ctx = target.n_ctx
+        cparams.n_batch = target.n_batch
+        cparams.n_ubatch = target.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = target.n_threads
+        cparams.n_threads_batch = target.n_threads
+        cparams.no_perf = True
+        cparams.ctx_type = llc.LLAMA_CONTEXT_TYPE_MTP
+        cparams.ctx_other = target._ctx
+        cparams.n_rs_seq = 0
+        self._ctx = llc.llama_init_from_model(target._model, cparams)
+        if not self._ctx:
+            raise LlamaError(
+                f"{target.path.name}: llama.cpp could not create an MTP context over this model "
+                "(run with --verbose for its log)"
+            )
+        # Unmasked: a row for every token of the batch. Masked, llama.cpp copies the first n_outputs
+        # rows of the MTP graph's h (all tokens) instead of the output rows: a catch-up batch with
+        # its last token as output would hand back the first token's h.
+        llc_ext.llama_set_embeddings_nextn(self._ctx, True, False)
+        self._mem = llc.llama_get_memory(self._ctx)
+        self._batch = llc.llama_batch_ext_init(self._ctx)
+        if not self._batch:
+            self.close()
+            raise LlamaError("llama.cpp could not allocate an MTP batch")
+        self.n_batch = target.n_batch
+        self.n_vocab = target.n_vocab
+        self.n_embd = target.n_embd
+        self.tokens: list[int] = []
+        self.decode_seconds = 0.0
+        self._zeros = np.zeros(target.n_embd, dtype=np.float32)
+        self._pos = llc.llama_pos(0)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def decode(self, tokens: Sequence[int], hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Evaluate `tokens` at the next positions, token i read with hidden[i] (the hidden state of
+        the position before it). Returns the last position's logits row and its own hidden state
+        (copies): what the MTP head predicts next, and the h to read with the token drawn from it."""
+        n = len(tokens)
+        if n == 0 or hidden.shape != (n, self.n_embd):
+            raise ValueError(f"MTP decode needs one hidden row per token: {n} tokens, rows {hidden.shape}")
+        if self.n_past + n > self.target.n_ctx:
+            raise ContextFullError(f"context full: the MTP context holds {self.target.n_ctx} tokens")
+        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        start = 0
+        for start in range(0, n, self.n_batch):
+            stop = min(start + self.n_batch, n)
+            self._decode_chunk(tokens[start:stop], hidden[start:stop], last=stop == n)
+        logits = llc.llama_get_logits_ith(self._ctx, -1)
+        h = llc_ext.llama_get_embeddings_nextn_ith(self._ctx, n - start - 1)  # the last chunk's last row
+        if not logits or not h:
+            raise LlamaError("llama.cpp returned no MTP output")
+        return (np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).copy(),
+                np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy())
+
+    def _decode_chunk(self, chunk: Sequence[int], hidden: np.ndarray, *, last: bool) -> None:
+        b, pos0, m = self._batch, self.n_past, len(chunk)
+        llc.llama_batch_ext_clear(b)
+        row = ctypes.POINTER(ctypes.c_float)
+        base = hidden.ctypes.data
+        for i, tok in enumerate(chunk):
+            idx = llc.llama_batch_ext_add_token(b, 0, int(tok))
+            if idx < 0:
+                raise LlamaError(f"llama.cpp refused an MTP batch entry (error {idx})")
+            self._pos.value = pos0 + i
+            llc.llama_batch_ext_set_pos(b, idx, ctypes.byref(self._pos))
+            embd = llc.llama_embd(ctypes.cast(base + i * hidden.strides[0], row), 1, self.n_embd)
+            llc.llama_batch_ext_set_embd_token(b, idx, embd)  # llama.cpp copies it into the batch
+            llc.llama_batch_ext_set_output_logits(b, idx, last and i == m - 1)
+        t0 = time.perf_counter()
+        try:
+            rc = llc.llama_process(self._ctx, llc.LLAMA_PROCESS_TYPE_DECODE, b)
+            self.decode_seconds += time.perf_counter() - t0
+            if rc != 0:
+                llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+                raise LlamaError(f"llama.cpp's MTP decode failed with code {rc}")
+            self.tokens.extend(chunk)
+        except BaseException:
+            self._resync()
+            raise
+
+    def _resync(self) -> None:
+        held = llc.llama_memory_seq_pos_max(self._mem, 0) + 1
+        del self.tokens[held:]
+        if held > len(self.tokens):  # decoded but not recorded: drop it rather than guess
+            llc.llama_memory_seq_rm(self._mem, 0, len(self.tokens), -1)
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop positions n_keep.. (drafted positions, a rejected suffix)."""
+        if n_keep >= self.n_past:
+            return
+        n_keep = max(n_keep, 0)
+        try:
+            llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+            del self.tokens[n_keep:]
+        except BaseException:
+            self._resync()
+            raise
+
+    def reset(self) -> None:
+        try:
+            llc.llama_memory_clear(self._mem, True)
+            self.tokens.clear()
+        except BaseException:
+            self._resync()
+            raise
+
+    def zeros(self) -> np.ndarray:
+        """The hidden state read with position 0 (there is none before it)."""
+        return self._zeros
+
+    def close(self) -> None:
+        if self._batch:
+            llc.llama_batch_ext_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llc.llama_free(self._ctx)
+            self._ctx = None
 
     def __del__(self) -> None:
         try:

@@ -240,6 +240,16 @@ def test_a_cold_first_draft_decode_is_not_taken_for_the_draft_cost() -> None:
     assert costs.draft_seconds_per_token("draft") == pytest.approx(0.002)
 
 
+def test_a_cold_first_verify_decode_is_not_taken_for_the_curve() -> None:
+    """The first decode of each batch size builds llama.cpp's graph: left out, or one slow sample would
+    be the whole curve (and auto, drafting on the strength of it, might never time m = 1 again)."""
+    costs = CostModel()
+    costs.observe_verify(1, 0.009)  # graph building
+    assert costs.verify_seconds(1) is None
+    costs.observe_verify(1, 0.0002)
+    assert costs.verify_seconds(1) == pytest.approx([0.0002])
+
+
 def test_no_shadows_when_even_a_sure_draft_could_not_pay() -> None:
     """Each shadow must catch the draft up on every plain token since the last one: with a draft as
     dear as the target that costs more than the speculation it could bring back, so auto stops

@@ -1,0 +1,150 @@
+"""Self-drafting from the target's own MTP (multi-token prediction, "NextN") layers: no second model.
+
+As llama.cpp's draft-mtp (common/speculative.cpp): the MTP context's position p reads token x_p with
+the target's hidden state h_{p-1}, and its logits there predict x_{p+1}. Positions of committed
+tokens are evaluated with the target's own hidden states (recorded by the target Model at every
+decode, verify batches included), so they never need evaluating again. A drafted token instead reads
+the hidden state the MTP head itself produced one position before (the target has not evaluated it
+yet); those positions are dropped as soon as the draft is made, and the accepted ones are evaluated
+again with the target's states at the next draft, as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition, Source
+from specli.llama import Model, MTPContext
+from specli.sampling import (
+    Dist,
+    Noise,
+    Sampler,
+    SamplingParams,
+    distribution,
+    greedy_token,
+    mask_banned,
+    top_probability,
+)
+
+
+class MTPDrafter(Drafter):
+    """Drafts with the MTP block of `target` (loaded with load_mtp) through an MTPContext.
+
+    p_min: stop drafting in a round when the MTP head's top probability for the next position falls
+    below it (llama.cpp's --draft-p-min)."""
+
+    name = "mtp"
+    sources = (Source("mtp", "model", confident=True),)
+
+    def __init__(self, target: Model, *, p_min: float = 0.0) -> None:
+        self.target = target
+        self.mtp = MTPContext(target)
+        self.p_min = p_min
+        self._sampler = Sampler(SamplingParams(temperature=0.0), Noise(0))
+        self._debt = False  # plain rounds since the last draft: their tokens are a catch-up debt
+        self._drafted = False
+
+    def begin(self, context: list[int], sampler: Sampler) -> None:
+        self._sampler = sampler
+        self._keep_prefix(context)
+        # The target has evaluated the prompt (but its last token): read it now, as a draft model
+        # prefills, so the first round's catch-up is the pending token alone.
+        if self.mtp.n_past < len(context) - 1:
+            self._catch_up(context[:-1])
+        self._debt = False
+
+    def _keep_prefix(self, context: list[int]) -> None:
+        """Keep the MTP positions whose tokens are still committed, but the pending one (draft()
+        reads it again for its logits). Each was evaluated with the target's hidden state of the
+        tokens before it, so an equal prefix is a valid one."""
+        mtp = self.mtp
+        limit = min(mtp.n_past, len(context) - 1)
+        held, i = mtp.tokens, 0
+        while i < limit and held[i] == context[i]:
+            i += 1
+        mtp.truncate(i)
+
+    def _catch_up(self, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Evaluate tokens[mtp.n_past:], each with the target's hidden state of the position before
+        it; returns the last position's logits and MTP hidden state."""
+        mtp, target = self.mtp, self.target
+        n, m = len(tokens), mtp.n_past
+        if target.n_past < n - 1:
+            raise RuntimeError("the MTP drafter is ahead of the target's cache")
+        if m == 0:
+            hidden = np.vstack([mtp.zeros()[None, :], target.hidden_rows(0, n - 1)])
+        else:
+            hidden = target.hidden_rows(m - 1, n - 1)
+        return mtp.decode(tokens[m:n], hidden)
+
+    def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
+        mtp, sampler, width = self.mtp, self._sampler, self.target.n_vocab
+        banned = sampler.params.banned
+        params = sampler.params.unbanned  # each row's banned ids are masked in place first
+        n = len(context)
+        # Within a generation the context only grows and drafted positions are dropped below, so
+        # what the MTP context holds is committed (begin() compared it token by token).
+        mtp.truncate(n - 1)
+        t0 = time.perf_counter()
+        row, h = self._catch_up(context)
+        # The last round's verified tokens are read here every round (as llama.cpp's draft-mtp does
+        # after each verify); only what plain rounds left behind is a debt, not this draft's cost.
+        catch_up = time.perf_counter() - t0 if self._debt else 0.0
+        self._debt, self._drafted = False, True
+        tokens: list[int] = []
+        probs: list[Dist] = []
+        confidence: list[float] = []
+        held = None
+        try:
+            for i in range(k):
+                rows = row[None, :]
+                mask_banned(rows, banned)
+                # Confidence is known before the token is drawn (a stop on the drawn token would bias q).
+                q = None if params.greedy else distribution(row, params, width=width)
+                top = None
+                if q is not None or self.p_min or gate is not None:
+                    top = q.top() if q is not None else top_probability(row)
+                    if top < self.p_min:
+                        break
+                    if gate is not None and not gate(i, top):
+                        if q is None or not sampler.same_as_plain:
+                            guess = greedy_token(row, params.banned)
+                        else:
+                            guess = sampler.draft_draw(q, n + i, n)
+                        held = HeldPosition(guess, q, top)
+                        break
+                    confidence.append(top)
+                if q is None:
+                    token = greedy_token(row, params.banned)
+                else:
+                    token = sampler.draft_draw(q, n + i, n)
+                    probs.append(q)
+                tokens.append(token)
+                if i + 1 < k:
+                    # The drafted token reads the MTP head's own h: the target has not evaluated it.
+                    row, h = mtp.decode([token], h[None, :])
+        finally:
+            mtp.truncate(n)  # drafted positions hold MTP hidden states, not the target's
+        return Draft(tokens, probs or None, self.name, confidence, held, catch_up)
+
+    def accept(self, context: list[int]) -> None:
+        if not self._drafted:
+            self._debt = True
+        self._drafted = False
+
+    def reset(self) -> None:
+        self.mtp.reset()
+        self._debt = self._drafted = False
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.mtp.decode_seconds
+
+    @property
+    def models(self) -> list[Model]:
+        return []  # the target is the caller's; the MTP context is freed by close()
+
+    def close(self) -> None:
+        self.mtp.close()
