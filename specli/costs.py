@@ -118,14 +118,15 @@ class CostModel:
     refresh: int = 8
     _curve: list[float] | None = field(default=None, repr=False)
     _draft_seen: set[str] = field(default_factory=set, repr=False)
-    _verify_seen: set[int] = field(default_factory=set, repr=False)
+    _plain_seen: bool = field(default=False, repr=False)
     _stale: int = 0
 
     def observe_verify(self, m: int, seconds: float) -> None:
-        if m not in self._verify_seen:
-            # The first decode of a batch size builds its graph (on a tiny model 30x a warm one): a
-            # single such sample would be the whole curve, and auto might never measure that size again.
-            self._verify_seen.add(m)
+        if m == 1 and not self._plain_seen:
+            # The first single-token decode builds its graph (on a tiny model 30x a warm one). Taken
+            # for T_v(1) it makes plain decoding look slow, auto drafts, and m = 1 is never timed
+            # again. (A cold batch size only looks dear: auto avoids it, which is the safe side.)
+            self._plain_seen = True
             return
         if m not in self.verify:
             self._curve = None
