@@ -44,7 +44,11 @@ def later_examined(k: int, accepted: int) -> int:
 def verify_curve(known: Mapping[int, float], m_max: int) -> list[float] | None:
     """T_v(m) for m = 1..m_max (index m - 1) from measured seconds by batch size; None without T_v(1).
 
-    Measured sizes are made non-decreasing in m; sizes between two measured ones are interpolated;
+    Measured sizes are made non-decreasing in m from above: a size measured dearer than a larger one
+    takes the larger one's cost (a batch never costs less than a smaller batch, so the dearer figure
+    is the outlier: a cold first decode that built the graph, or a burst of load; taken as it is, a
+    slow T_v(1) makes plain decoding look slow and auto would draft on and never time it again);
+    sizes between two measured ones are interpolated;
     sizes above the largest measured one are extrapolated with the smallest per-token slope measured
     between batched sizes (or an optimistic default). On CPUs T_v is a staircase (m = 2 can cost
     twice m = 1 while m = 3..6 cost little more than m = 2): a straight line through the first two
@@ -54,9 +58,9 @@ def verify_curve(known: Mapping[int, float], m_max: int) -> list[float] | None:
         return None
     sizes = sorted(known)
     mono: dict[int, float] = {}
-    running = 0.0
-    for m in sizes:
-        running = mono[m] = max(known[m], running)
+    running = float("inf")
+    for m in reversed(sizes):
+        running = mono[m] = min(known[m], running)
     batched = [m for m in sizes if m >= 2]
     slopes = [(mono[b] - mono[a]) / (b - a) for a, b in zip(batched, batched[1:], strict=False)]
     slope = min(slopes) if slopes else OPTIMISTIC_SLOPE * mono[1]
@@ -118,16 +122,9 @@ class CostModel:
     refresh: int = 8
     _curve: list[float] | None = field(default=None, repr=False)
     _draft_seen: set[str] = field(default_factory=set, repr=False)
-    _plain_seen: bool = field(default=False, repr=False)
     _stale: int = 0
 
     def observe_verify(self, m: int, seconds: float) -> None:
-        if m == 1 and not self._plain_seen:
-            # The first single-token decode builds its graph (on a tiny model 30x a warm one). Taken
-            # for T_v(1) it makes plain decoding look slow, auto drafts, and m = 1 is never timed
-            # again. (A cold batch size only looks dear: auto avoids it, which is the safe side.)
-            self._plain_seen = True
-            return
         if m not in self.verify:
             self._curve = None
         self.verify.setdefault(m, deque(maxlen=self.window)).append(seconds)
