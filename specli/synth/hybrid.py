@@ -395,6 +395,30 @@ class Qwen35Spec:
         return shapes
 
 
+def add_qwen35_keys(writer: Any, arch: str, spec: Qwen35Spec, *, mtp_layers: int = 0) -> None:
+    """The ``qwen35`` hyperparameter keys of *spec*; *mtp_layers* MTP (NextN) blocks count as blocks
+    after the trunk's."""
+    writer.add_block_count(spec.n_layer + mtp_layers)
+    if mtp_layers:
+        writer.add_uint32(f"{arch}.nextn_predict_layers", mtp_layers)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_key_length(spec.head_dim)
+    writer.add_value_length(spec.head_dim)
+    writer.add_rope_dimension_count(spec.head_dim)
+    quarter = spec.head_dim // 8  # rope pairs per section: text positions use them all alike
+    writer.add_array(f"{arch}.rope.dimension_sections", [quarter * 2, quarter, quarter, 0])
+    writer.add_rope_freq_base(spec.rope_theta)
+    writer.add_layer_norm_rms_eps(spec.rms_eps)
+    writer.add_uint32(f"{arch}.ssm.conv_kernel", spec.ssm_conv)
+    writer.add_uint32(f"{arch}.ssm.inner_size", spec.head_dim * spec.ssm_v_heads)
+    writer.add_uint32(f"{arch}.ssm.state_size", spec.head_dim)
+    writer.add_uint32(f"{arch}.ssm.time_step_rank", spec.ssm_v_heads)
+    writer.add_uint32(f"{arch}.ssm.group_count", spec.ssm_k_heads)
+    writer.add_uint32(f"{arch}.full_attention_interval", spec.full_attention_interval)
+
+
 def write_qwen35_gguf(
     path: str | Path,
     spec: Qwen35Spec,
@@ -406,23 +430,7 @@ def write_qwen35_gguf(
     """Write a ``qwen35``-architecture GGUF file (every tensor of :meth:`Qwen35Spec.tensor_shapes`)."""
 
     def keys(writer: Any, arch: str) -> None:
-        writer.add_block_count(spec.n_layer)
-        writer.add_feed_forward_length(spec.n_ff)
-        writer.add_head_count(spec.n_head)
-        writer.add_head_count_kv(spec.n_head_kv)
-        writer.add_key_length(spec.head_dim)
-        writer.add_value_length(spec.head_dim)
-        writer.add_rope_dimension_count(spec.head_dim)
-        quarter = spec.head_dim // 8  # rope pairs per section: text positions use them all alike
-        writer.add_array(f"{arch}.rope.dimension_sections", [quarter * 2, quarter, quarter, 0])
-        writer.add_rope_freq_base(spec.rope_theta)
-        writer.add_layer_norm_rms_eps(spec.rms_eps)
-        writer.add_uint32(f"{arch}.ssm.conv_kernel", spec.ssm_conv)
-        writer.add_uint32(f"{arch}.ssm.inner_size", spec.head_dim * spec.ssm_v_heads)
-        writer.add_uint32(f"{arch}.ssm.state_size", spec.head_dim)
-        writer.add_uint32(f"{arch}.ssm.time_step_rank", spec.ssm_v_heads)
-        writer.add_uint32(f"{arch}.ssm.group_count", spec.ssm_k_heads)
-        writer.add_uint32(f"{arch}.full_attention_interval", spec.full_attention_interval)
+        add_qwen35_keys(writer, arch, spec)
 
     return _write_gguf(path, "qwen35", spec.name, spec.n_vocab, spec.n_embd, spec.n_ctx_train, keys,
                        vocab, spec.tensor_shapes(), weights, dtype, f32_marker=".ssm_conv1d.")

@@ -26,7 +26,7 @@ import numpy as np
 
 from specli.synth.fixtures import FIXTURE_TARGET, fixture_vocab
 from specli.synth.gguf_writer import WeightDType
-from specli.synth.hybrid import Qwen35Spec, _write_gguf, ngram_qwen35_weights
+from specli.synth.hybrid import Qwen35Spec, _write_gguf, add_qwen35_keys, ngram_qwen35_weights
 from specli.synth.ngram_model import SynthModelConfig, random_matrix
 from specli.synth.vocab import TrainedVocab
 
@@ -94,24 +94,7 @@ def write_qwen35_mtp_gguf(
     arch = "qwen35"
 
     def keys(writer: Any, arch: str) -> None:
-        writer.add_block_count(spec.n_layer + 1)  # the MTP block counts as a block
-        writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
-        writer.add_feed_forward_length(spec.n_ff)
-        writer.add_head_count(spec.n_head)
-        writer.add_head_count_kv(spec.n_head_kv)
-        writer.add_key_length(spec.head_dim)
-        writer.add_value_length(spec.head_dim)
-        writer.add_rope_dimension_count(spec.head_dim)
-        quarter = spec.head_dim // 8
-        writer.add_array(f"{arch}.rope.dimension_sections", [quarter * 2, quarter, quarter, 0])
-        writer.add_rope_freq_base(spec.rope_theta)
-        writer.add_layer_norm_rms_eps(spec.rms_eps)
-        writer.add_uint32(f"{arch}.ssm.conv_kernel", spec.ssm_conv)
-        writer.add_uint32(f"{arch}.ssm.inner_size", spec.head_dim * spec.ssm_v_heads)
-        writer.add_uint32(f"{arch}.ssm.state_size", spec.head_dim)
-        writer.add_uint32(f"{arch}.ssm.time_step_rank", spec.ssm_v_heads)
-        writer.add_uint32(f"{arch}.ssm.group_count", spec.ssm_k_heads)
-        writer.add_uint32(f"{arch}.full_attention_interval", spec.full_attention_interval)
+        add_qwen35_keys(writer, arch, spec, mtp_layers=1)  # the MTP block counts as a block
 
     shapes = spec.tensor_shapes() | mtp_tensor_shapes(spec)
     weights = dict(ngram_qwen35_weights(spec, trained, config, mixer_gain=mixer_gain)) | mtp_weights(
