@@ -280,17 +280,31 @@ def compare_plain(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
         warm_up(spec, prompt)
         for rep in range(args.repeat):
             tg = None
-            if bench is not None:
+
+            def reference() -> float | None:
+                if bench is None:
+                    return None
                 try:
-                    tg = llama_bench_tg(bench, model, args.n, args.threads)
-                    ref.rates.append(tg)
+                    rate = llama_bench_tg(bench, model, args.n, args.threads)
                 except (ToolError, subprocess.TimeoutExpired, ValueError) as e:
                     ref.note = f"failed: {e}"
+                    return None
+                ref.rates.append(rate)
+                return rate
+
+            # Whatever runs first in a repetition runs measurably faster here (the machine's state
+            # after a pause): llama-bench goes first in even repetitions and last in odd ones.
+            if rep % 2 == 0:
+                tg = reference()
+            rates = []
             for row, sampling in ((greedy, SamplingParams(temperature=0.0)), (sampled, DEFAULT_SAMPLING)):
-                run = specli_run(spec, prompt, args.n, sampling, 0, seed=rep)
-                row.rates.append(run.rate)
+                rates.append((row, specli_run(spec, prompt, args.n, sampling, 0, seed=rep).rate))
+            if rep % 2 == 1:
+                tg = reference()
+            for row, rate in rates:
+                row.rates.append(rate)
                 if tg:
-                    row.ratios.append(run.rate / tg)
+                    row.ratios.append(rate / tg)
             say(
                 f"  plain {name} rep {rep + 1}: llama-bench tg {tg or float('nan'):.1f}, specli temp 0 "
                 f"{greedy.rates[-1]:.1f}, default sampling {sampled.rates[-1]:.1f} tok/s"
