@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from specli.llama import Model
-from specli.sampling import Dist, Sampler
+from specli.sampling import Dist, Sampler, distribution, greedy_token, mask_banned, top_probability
 
 
 class DraftGate(Protocol):
@@ -34,6 +36,52 @@ class HeldPosition:
     token: int  # what the draft would have proposed (greedy: its argmax; same-as-plain: its keyed draw)
     probs: Dist | None  # q at that position when sampling (its acceptance is sum min(p, q))
     confidence: float
+
+
+@dataclass
+class DraftStep:
+    """One position of a drafter that samples from logits (a draft model, an MTP head)."""
+
+    token: int | None  # None: the draft stops before this position
+    q: Dist | None  # the processed distribution the token was drawn from (None when greedy)
+    confidence: float | None  # the top probability, when anything looked at it
+    held: HeldPosition | None = None  # where a gate stopped: what would have been proposed
+
+
+def draft_step(
+    row: np.ndarray,
+    i: int,
+    position: int,
+    sampler: Sampler,
+    *,
+    width: int,
+    p_min: float = 0.0,
+    gate: DraftGate | None = None,
+) -> DraftStep:
+    """Position i of a round from the drafter's logits `row` (masked in place), drawn at absolute
+    position `position + i`: a stop under `p_min` or the gate, or the drafted token.
+
+    Confidence is the top probability, known before the token is drawn: a stop that depended on the
+    drawn token would bias what gets proposed away from q, and the output away from the target's
+    distribution."""
+    params = sampler.params.unbanned  # banned ids are masked in the row first
+    mask_banned(row[None, :], sampler.params.banned)
+    q = None if params.greedy else distribution(row, params, width=width)
+    top = None  # greedy: the top probability only when something looks at it
+    if q is not None or p_min or gate is not None:
+        top = q.top() if q is not None else top_probability(row)
+        if top < p_min:
+            return DraftStep(None, q, top)
+        if gate is not None and not gate(i, top):
+            # What the draft would have proposed here, for scoring against the target's row.
+            guess = (
+                greedy_token(row, params.banned)
+                if q is None or not sampler.same_as_plain
+                else sampler.draft_draw(q, position + i, position)
+            )
+            return DraftStep(None, q, top, HeldPosition(guess, q, top))
+    token = greedy_token(row, params.banned) if q is None else sampler.draft_draw(q, position + i, position)
+    return DraftStep(token, q, top)
 
 
 @dataclass

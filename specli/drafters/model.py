@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import time
 
-from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition, Source
+from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_step
 from specli.llama import Model
 from specli.sampling import (
     Dist,
     Noise,
     Sampler,
     SamplingParams,
-    distribution,
-    greedy_token,
-    mask_banned,
-    top_probability,
 )
 
 
@@ -47,8 +43,6 @@ class DraftModelDrafter(Drafter):
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         m, sampler, width = self.model, self._sampler, self.target_vocab
-        banned = sampler.params.banned
-        params = sampler.params.unbanned  # each row's banned ids are masked in place first
         behind = len(context) - m.n_past  # usually the pending token, and a bonus token before it
         t0 = time.perf_counter()
         rows = m.decode(context[m.n_past :], outputs="last")
@@ -60,32 +54,17 @@ class DraftModelDrafter(Drafter):
         held = None
         for i in range(k):
             row = rows[0] if rows.shape[1] <= width else rows[0, :width]
-            mask_banned(rows, banned)
-            # Confidence is the draft's top probability, known before its token is drawn: a stop
-            # that depended on the drawn token would bias what gets proposed away from q, and the
-            # output away from the target's distribution.
-            q = None if params.greedy else distribution(row, params, width=width)
-            top = None  # greedy: the top probability only when something looks at it
-            if q is not None or self.p_min or gate is not None:
-                top = q.top() if q is not None else top_probability(row)
-                if top < self.p_min:
-                    break
-                if gate is not None and not gate(i, top):
-                    # What the draft would have proposed here, for scoring against the target's row.
-                    guess = greedy_token(row, params.banned) if q is None or not sampler.same_as_plain else (
-                        sampler.draft_draw(q, len(context) + i, len(context))
-                    )
-                    held = HeldPosition(guess, q, top)
-                    break
-                confidence.append(top)
-            if q is None:
-                token = greedy_token(row, params.banned)
-            else:
-                token = sampler.draft_draw(q, len(context) + i, len(context))
-                probs.append(q)
-            tokens.append(token)
+            step = draft_step(row, i, len(context), sampler, width=width, p_min=self.p_min, gate=gate)
+            held = step.held
+            if step.token is None:
+                break
+            if step.confidence is not None:
+                confidence.append(step.confidence)
+            if step.q is not None:
+                probs.append(step.q)
+            tokens.append(step.token)
             if i + 1 < k:
-                rows = m.decode([token], outputs="last")
+                rows = m.decode([step.token], outputs="last")
         return Draft(tokens, probs or None, self.name, confidence, held, catch_up)
 
     def accept(self, context: list[int]) -> None:

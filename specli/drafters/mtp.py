@@ -15,17 +15,13 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition, Source
+from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_step
 from specli.llama import Model, MTPContext
 from specli.sampling import (
     Dist,
     Noise,
     Sampler,
     SamplingParams,
-    distribution,
-    greedy_token,
-    mask_banned,
-    top_probability,
 )
 
 
@@ -81,8 +77,6 @@ class MTPDrafter(Drafter):
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         mtp, sampler, width = self.mtp, self._sampler, self.target.n_vocab
-        banned = sampler.params.banned
-        params = sampler.params.unbanned  # each row's banned ids are masked in place first
         n = len(context)
         # Within a generation the context only grows and drafted positions are dropped below, so
         # what the MTP context holds is committed (begin() compared it token by token).
@@ -99,32 +93,18 @@ class MTPDrafter(Drafter):
         held = None
         try:
             for i in range(k):
-                rows = row[None, :]
-                mask_banned(rows, banned)
-                # Confidence is known before the token is drawn (a stop on the drawn token would bias q).
-                q = None if params.greedy else distribution(row, params, width=width)
-                top = None
-                if q is not None or self.p_min or gate is not None:
-                    top = q.top() if q is not None else top_probability(row)
-                    if top < self.p_min:
-                        break
-                    if gate is not None and not gate(i, top):
-                        if q is None or not sampler.same_as_plain:
-                            guess = greedy_token(row, params.banned)
-                        else:
-                            guess = sampler.draft_draw(q, n + i, n)
-                        held = HeldPosition(guess, q, top)
-                        break
-                    confidence.append(top)
-                if q is None:
-                    token = greedy_token(row, params.banned)
-                else:
-                    token = sampler.draft_draw(q, n + i, n)
-                    probs.append(q)
-                tokens.append(token)
+                step = draft_step(row, i, n, sampler, width=width, p_min=self.p_min, gate=gate)
+                held = step.held
+                if step.token is None:
+                    break
+                if step.confidence is not None:
+                    confidence.append(step.confidence)
+                if step.q is not None:
+                    probs.append(step.q)
+                tokens.append(step.token)
                 if i + 1 < k:
                     # The drafted token reads the MTP head's own h: the target has not evaluated it.
-                    row, h = mtp.decode([token], h[None, :])
+                    row, h = mtp.decode([step.token], h[None, :])
         finally:
             mtp.truncate(n)  # drafted positions hold MTP hidden states, not the target's
         return Draft(tokens, probs or None, self.name, confidence, held, catch_up)
