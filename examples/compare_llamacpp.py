@@ -139,6 +139,24 @@ class Row:
     def ratio(self) -> float | None:
         return statistics.median(self.ratios) if self.ratios else None
 
+    def record(self, rate: float, acceptance: float | None = None, tool_rate: float | None = None) -> None:
+        """One repetition's sample, and its ratio to the tool's rate of the same repetition."""
+        self.rates.append(rate)
+        if acceptance is not None:
+            self.acceptance.append(acceptance)
+        if tool_rate:
+            self.ratios.append(rate / tool_rate)
+
+    def run_tool(self, cmd: list[str]) -> float | None:
+        """Run a llama.cpp speculative tool for this (reference) row: its rate, or None (noted)."""
+        try:
+            tr = parse_spec_log(run_tool(cmd))
+        except (ToolError, subprocess.TimeoutExpired) as e:
+            self.note = f"failed: {e}"
+            return None
+        self.record(tr.rate, tr.acceptance)
+        return tr.rate
+
 
 @dataclass
 class ToolRun:
@@ -302,9 +320,7 @@ def compare_plain(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
             if rep % 2 == 1:
                 tg = reference()
             for row, rate in rates:
-                row.rates.append(rate)
-                if tg:
-                    row.ratios.append(rate / tg)
+                row.record(rate, tool_rate=tg)
             say(
                 f"  plain {name} rep {rep + 1}: llama-bench tg {tg or float('nan'):.1f}, specli temp 0 "
                 f"{greedy.rates[-1]:.1f}, default sampling {sampled.rates[-1]:.1f} tok/s"
@@ -339,31 +355,16 @@ def compare_ngram(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
             for rep in range(args.repeat):
                 tool_rate = None
                 if lookup is not None:
-                    try:
-                        # -n N generates N + 1 tokens: ask for N - 1 so both sides produce N.
-                        tr = parse_spec_log(
-                            run_tool(
-                                spec_tool_cmd(lookup, model, text, args.n - 1, args.threads, args.k, args.ctx)
-                            )
-                        )
-                        tool_rate = tr.rate
-                        ref.rates.append(tr.rate)
-                        if tr.acceptance is not None:
-                            ref.acceptance.append(tr.acceptance)
-                    except (ToolError, subprocess.TimeoutExpired) as e:
-                        ref.note = f"failed: {e}"
+                    # -n N generates N + 1 tokens: ask for N - 1 so both sides produce N.
+                    tool_rate = ref.run_tool(
+                        spec_tool_cmd(lookup, model, text, args.n - 1, args.threads, args.k, args.ctx)
+                    )
                 p = specli_run(plain, prompt, args.n, greedy, 0, seed=rep)
-                base.rates.append(p.rate)
                 for row, k in ((fixed, args.k), (auto, "auto")):
                     r = specli_run(ngram, prompt, args.n, greedy, k, seed=rep)
-                    row.rates.append(r.rate)
-                    if r.acceptance is not None:
-                        row.acceptance.append(r.acceptance)
-                    if tool_rate:
-                        row.ratios.append(r.rate / tool_rate)
+                    row.record(r.rate, r.acceptance, tool_rate)
                     same_text &= r.tokens == p.tokens
-                if tool_rate:
-                    base.ratios.append(p.rate / tool_rate)
+                base.record(p.rate, tool_rate=tool_rate)
                 say(
                     f"  ngram {kind} rep {rep + 1}: llama-lookup {tool_rate or float('nan'):.1f}, "
                     f"specli k={args.k} {fixed.rates[-1]:.1f}, auto {auto.rates[-1]:.1f}, "
@@ -403,24 +404,11 @@ def compare_draft(target: Path, draft: Path, args: argparse.Namespace, tools: Pa
                 tool_rate = None
                 if tool is not None:
                     cmd = spec_tool_cmd(tool, target, text, args.n - 1, args.threads, args.k, args.ctx)
-                    try:
-                        # This llama.cpp needs the speculation type named, or it refuses to start.
-                        tr = parse_spec_log(
-                            run_tool([*cmd, "-md", str(draft), "--spec-type", "draft-simple"])
-                        )
-                        tool_rate = tr.rate
-                        ref.rates.append(tr.rate)
-                        if tr.acceptance is not None:
-                            ref.acceptance.append(tr.acceptance)
-                    except (ToolError, subprocess.TimeoutExpired) as e:
-                        ref.note = f"failed: {e}"
+                    # This llama.cpp needs the speculation type named, or it refuses to start.
+                    tool_rate = ref.run_tool([*cmd, "-md", str(draft), "--spec-type", "draft-simple"])
                 for row, k in ((fixed, args.k), (auto, "auto")):
                     r = specli_run(spec, prompt, args.n, greedy, k, seed=rep)
-                    row.rates.append(r.rate)
-                    if r.acceptance is not None:
-                        row.acceptance.append(r.acceptance)
-                    if tool_rate:
-                        row.ratios.append(r.rate / tool_rate)
+                    row.record(r.rate, r.acceptance, tool_rate)
                 say(
                     f"  draft {kind} rep {rep + 1}: "
                     f"llama-speculative-simple {tool_rate or float('nan'):.1f}, "
