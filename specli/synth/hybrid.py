@@ -32,8 +32,7 @@ import numpy as np
 
 from specli.synth.fixtures import FIXTURE_DRAFT, FIXTURE_TARGET, fixture_vocab, reseed
 from specli.synth.gguf_writer import WeightDType, add_spm_vocab, llama_ftype, write_tensors
-from specli.synth.ngram_model import SynthModelConfig, document_subset, ngram_llama_weights, random_matrix
-from specli.synth.ngram_stats import ngram_factors
+from specli.synth.ngram_model import SynthModelConfig, config_factors, ngram_llama_weights, random_matrix
 from specli.synth.vocab import TrainedVocab, Vocab
 
 LayerKind = Literal["conv", "attn"]
@@ -188,16 +187,7 @@ def ngram_lfm2_weights(
         raise ValueError("skip-bigram factors need a convolution as layer 0")
     if config.seen_dims and (len(spec.layers) < 2 or spec.layers[1] != "attn"):
         raise ValueError("seen dims need attention as layer 1")
-    factors = ngram_factors(
-        document_subset(trained.documents, config.data_fraction, config.seed),
-        len(trained.vocab),
-        trained.vocab.bos_id,
-        rank=config.rank,
-        skip_rank=config.skip_rank,
-        skip_weight=config.skip_weight,
-        sharpness=config.sharpness,
-        seed=config.seed,
-    ).truncated(config.rank, config.skip_rank)
+    factors = config_factors(trained, config)
     llama_spec = config.spec(spec.n_vocab, spec.n_ctx_train)
     llama = ngram_llama_weights(llama_spec, factors, config, bos_id=trained.vocab.bos_id)
     weights: dict[str, Callable[[], np.ndarray]] = {
@@ -357,42 +347,50 @@ class Qwen35Spec:
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """GGUF tensor names and numpy shapes (out, in), in file order."""
-        d, hd = self.n_embd, self.head_dim
-        key_dim, value_dim = hd * self.ssm_k_heads, hd * self.ssm_v_heads
+        d = self.n_embd
         shapes: dict[str, tuple[int, ...]] = {
             "token_embd.weight": (self.n_vocab, d),
             "output_norm.weight": (d,),
             "output.weight": (self.n_vocab, d),
         }
         for i in range(self.n_layer):
-            shapes |= {f"blk.{i}.attn_norm.weight": (d,), f"blk.{i}.post_attention_norm.weight": (d,)}
-            if self.is_recurrent(i):
-                shapes |= {
-                    f"blk.{i}.attn_qkv.weight": (2 * key_dim + value_dim, d),
-                    f"blk.{i}.attn_gate.weight": (value_dim, d),
-                    f"blk.{i}.ssm_conv1d.weight": (2 * key_dim + value_dim, self.ssm_conv),
-                    f"blk.{i}.ssm_dt.bias": (self.ssm_v_heads,),
-                    f"blk.{i}.ssm_a": (self.ssm_v_heads,),
-                    f"blk.{i}.ssm_beta.weight": (self.ssm_v_heads, d),
-                    f"blk.{i}.ssm_alpha.weight": (self.ssm_v_heads, d),
-                    f"blk.{i}.ssm_norm.weight": (hd,),
-                    f"blk.{i}.ssm_out.weight": (d, value_dim),
-                }
-            else:
-                shapes |= {
-                    f"blk.{i}.attn_q.weight": (2 * hd * self.n_head, d),  # queries and their gates
-                    f"blk.{i}.attn_k.weight": (hd * self.n_head_kv, d),
-                    f"blk.{i}.attn_v.weight": (hd * self.n_head_kv, d),
-                    f"blk.{i}.attn_output.weight": (d, hd * self.n_head),
-                    f"blk.{i}.attn_q_norm.weight": (hd,),
-                    f"blk.{i}.attn_k_norm.weight": (hd,),
-                }
-            shapes |= {
-                f"blk.{i}.ffn_gate.weight": (self.n_ff, d),
-                f"blk.{i}.ffn_up.weight": (self.n_ff, d),
-                f"blk.{i}.ffn_down.weight": (d, self.n_ff),
-            }
+            shapes |= self.layer_shapes(i, recurrent=self.is_recurrent(i))
         return shapes
+
+    def layer_shapes(self, i: int, *, recurrent: bool) -> dict[str, tuple[int, ...]]:
+        """Block i's tensors: a gated delta-net layer when *recurrent*, else gated attention (the
+        layout an MTP block shares)."""
+        d, hd = self.n_embd, self.head_dim
+        key_dim, value_dim = hd * self.ssm_k_heads, hd * self.ssm_v_heads
+        shapes: dict[str, tuple[int, ...]] = {
+            f"blk.{i}.attn_norm.weight": (d,), f"blk.{i}.post_attention_norm.weight": (d,)
+        }
+        if recurrent:
+            shapes |= {
+                f"blk.{i}.attn_qkv.weight": (2 * key_dim + value_dim, d),
+                f"blk.{i}.attn_gate.weight": (value_dim, d),
+                f"blk.{i}.ssm_conv1d.weight": (2 * key_dim + value_dim, self.ssm_conv),
+                f"blk.{i}.ssm_dt.bias": (self.ssm_v_heads,),
+                f"blk.{i}.ssm_a": (self.ssm_v_heads,),
+                f"blk.{i}.ssm_beta.weight": (self.ssm_v_heads, d),
+                f"blk.{i}.ssm_alpha.weight": (self.ssm_v_heads, d),
+                f"blk.{i}.ssm_norm.weight": (hd,),
+                f"blk.{i}.ssm_out.weight": (d, value_dim),
+            }
+        else:
+            shapes |= {
+                f"blk.{i}.attn_q.weight": (2 * hd * self.n_head, d),  # queries and their gates
+                f"blk.{i}.attn_k.weight": (hd * self.n_head_kv, d),
+                f"blk.{i}.attn_v.weight": (hd * self.n_head_kv, d),
+                f"blk.{i}.attn_output.weight": (d, hd * self.n_head),
+                f"blk.{i}.attn_q_norm.weight": (hd,),
+                f"blk.{i}.attn_k_norm.weight": (hd,),
+            }
+        return shapes | {
+            f"blk.{i}.ffn_gate.weight": (self.n_ff, d),
+            f"blk.{i}.ffn_up.weight": (self.n_ff, d),
+            f"blk.{i}.ffn_down.weight": (d, self.n_ff),
+        }
 
 
 def add_qwen35_keys(writer: Any, arch: str, spec: Qwen35Spec, *, mtp_layers: int = 0) -> None:
@@ -442,15 +440,8 @@ def ngram_qwen35_weights(
     """Embedding, final norm and output rows of the llama fixture built from *config* (bigram and
     unigram logits; skip-bigram rows unused), every block random: the delta-net and attention outputs
     add *mixer_gain* rms to the residual, so the context (and the recurrent state) moves the logits."""
-    factors = ngram_factors(
-        document_subset(trained.documents, config.data_fraction, config.seed),
-        len(trained.vocab),
-        trained.vocab.bos_id,
-        rank=config.rank,
-        sharpness=config.sharpness,
-        seed=config.seed,
-    ).truncated(config.rank, 0)
     llama_config = replace(config, skip_rank=0, seen_dims=0, induction=0.0)
+    factors = config_factors(trained, llama_config)
     llama = ngram_llama_weights(llama_config.spec(spec.n_vocab, spec.n_ctx_train), factors, llama_config,
                                 bos_id=trained.vocab.bos_id)
     weights: dict[str, Callable[[], np.ndarray]] = {

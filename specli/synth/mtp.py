@@ -33,19 +33,8 @@ from specli.synth.vocab import TrainedVocab
 
 def mtp_tensor_shapes(spec: Qwen35Spec) -> dict[str, tuple[int, ...]]:
     """The MTP block's tensors (numpy shapes (out, in)), as blk.{spec.n_layer}.*."""
-    d, hd, i = spec.n_embd, spec.head_dim, spec.n_layer
-    return {
-        f"blk.{i}.attn_norm.weight": (d,),
-        f"blk.{i}.post_attention_norm.weight": (d,),
-        f"blk.{i}.attn_q.weight": (2 * hd * spec.n_head, d),  # queries and their gates
-        f"blk.{i}.attn_k.weight": (hd * spec.n_head_kv, d),
-        f"blk.{i}.attn_v.weight": (hd * spec.n_head_kv, d),
-        f"blk.{i}.attn_output.weight": (d, hd * spec.n_head),
-        f"blk.{i}.attn_q_norm.weight": (hd,),
-        f"blk.{i}.attn_k_norm.weight": (hd,),
-        f"blk.{i}.ffn_gate.weight": (spec.n_ff, d),
-        f"blk.{i}.ffn_up.weight": (spec.n_ff, d),
-        f"blk.{i}.ffn_down.weight": (d, spec.n_ff),
+    d, i = spec.n_embd, spec.n_layer
+    return spec.layer_shapes(i, recurrent=False) | {  # an attention block, then the MTP projection
         f"blk.{i}.nextn.eh_proj.weight": (d, 2 * d),
         f"blk.{i}.nextn.enorm.weight": (d,),
         f"blk.{i}.nextn.hnorm.weight": (d,),

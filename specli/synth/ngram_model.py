@@ -247,6 +247,22 @@ def random_matrix(shape: tuple[int, ...], std: float, seed: int, name: str) -> C
     return make
 
 
+def config_factors(trained: TrainedVocab, config: SynthModelConfig) -> NgramFactors:
+    """The statistics *config* describes: counted in its *data_fraction* share of *trained*'s
+    documents, factored and truncated to its ranks."""
+    documents = document_subset(trained.documents, config.data_fraction, config.seed)
+    return ngram_factors(
+        documents,
+        len(trained.vocab),
+        trained.vocab.bos_id,
+        rank=config.rank,
+        skip_rank=config.skip_rank,
+        skip_weight=config.skip_weight,
+        sharpness=config.sharpness,
+        seed=config.seed,
+    ).truncated(config.rank, config.skip_rank)
+
+
 def write_ngram_model(
     path: str | Path,
     trained: TrainedVocab,
@@ -265,19 +281,9 @@ def write_ngram_model(
     """
     if progress is not None:
         progress(f"counting and factoring {config.name}", 0.0)
-    if factors is None:
-        documents = document_subset(trained.documents, config.data_fraction, config.seed)
-        factors = ngram_factors(
-            documents,
-            len(trained.vocab),
-            trained.vocab.bos_id,
-            rank=config.rank,
-            skip_rank=config.skip_rank,
-            skip_weight=config.skip_weight,
-            sharpness=config.sharpness,
-            seed=config.seed,
-        )
-    factors = factors.truncated(config.rank, config.skip_rank)
+    factors = config_factors(trained, config) if factors is None else factors.truncated(
+        config.rank, config.skip_rank
+    )
     spec = config.spec(len(trained.vocab), n_ctx_train)
     weights = ngram_llama_weights(spec, factors, config, bos_id=trained.vocab.bos_id)
     return write_llama_gguf(
