@@ -22,6 +22,14 @@ from dataclasses import dataclass, field
 # With one batched size measured, the extra cost per token assumed beyond it, as a share of T_v(1):
 # optimistic (GPUs are nearly flat), so that auto tries larger batches and measures them.
 OPTIMISTIC_SLOPE = 0.05
+# With only T_v(1) measured, the extra cost of each further token in a batch, as a share of T_v(1),
+# until a batch is measured. On a GPU a batch costs nearly what one token does. On a CPU each token of
+# a batch costs about half of one alone or more (Gemma 3 270M Q4_K_M on 2 cores: 2 tokens 2.2x,
+# 9 tokens 5.4x; F32 tiny models ~0.6x per token): assuming GPU-flat batches there made a draft as
+# dear as the target look worth trying for a whole first generation. A sure, cheap draft still pays
+# at 0.5 (n-gram lookup, a 0.5B draft of a 7B target), so auto drafts and measures the real curve.
+FIRST_STEP_GPU = OPTIMISTIC_SLOPE
+FIRST_STEP_CPU = 0.5
 
 
 def expected_tokens(a1: float, a2: float, k: int) -> float:
@@ -41,7 +49,9 @@ def later_examined(k: int, accepted: int) -> int:
     return accepted - 1 + (1 if accepted < k else 0)
 
 
-def verify_curve(known: Mapping[int, float], m_max: int) -> list[float] | None:
+def verify_curve(
+    known: Mapping[int, float], m_max: int, first_step: float = OPTIMISTIC_SLOPE
+) -> list[float] | None:
     """T_v(m) for m = 1..m_max (index m - 1) from measured seconds by batch size; None without T_v(1).
 
     Measured sizes are made non-decreasing in m from above: a size measured dearer than a larger one
@@ -50,9 +60,10 @@ def verify_curve(known: Mapping[int, float], m_max: int) -> list[float] | None:
     slow T_v(1) makes plain decoding look slow and auto would draft on and never time it again);
     sizes between two measured ones are interpolated;
     sizes above the largest measured one are extrapolated with the smallest per-token slope measured
-    between batched sizes (or an optimistic default). On CPUs T_v is a staircase (m = 2 can cost
-    twice m = 1 while m = 3..6 cost little more than m = 2): a straight line through the first two
-    points would never let auto find that out.
+    between batched sizes (or an optimistic default); with no batched size measured, each token
+    beyond the first adds `first_step` x T_v(1) (what the device makes likely). On CPUs T_v is a
+    staircase (m = 2 can cost twice m = 1 while m = 3..6 cost little more than m = 2): a straight
+    line through the first two points would never let auto find that out.
     """
     if 1 not in known:
         return None
@@ -75,8 +86,8 @@ def verify_curve(known: Mapping[int, float], m_max: int) -> list[float] | None:
             a = above[0]
             out.append(mono[below] + (mono[a] - mono[below]) * (m - below) / (a - below))
         elif below == 1:
-            # A batch costs at least what a single token does, plus the per-token slope.
-            out.append(mono[1] * (1 + OPTIMISTIC_SLOPE * (m - 1)))
+            # No batch measured yet: what a batch usually costs on this kind of device.
+            out.append(mono[1] * (1 + first_step * (m - 1)))
         else:
             out.append(mono[below] + slope * (m - below))
     return out
@@ -114,6 +125,7 @@ class CostModel:
     not live here)."""
 
     window: int = 9  # recent samples per batch size; their median resists bursts of machine load
+    first_step: float = FIRST_STEP_CPU  # verify_curve's assumption until a batch is measured
     verify: dict[int, deque[float]] = field(default_factory=dict)
     draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
 
@@ -122,9 +134,20 @@ class CostModel:
     refresh: int = 8
     _curve: list[float] | None = field(default=None, repr=False)
     _draft_seen: set[str] = field(default_factory=set, repr=False)
+    _verify_seen: set[int] = field(default_factory=set, repr=False)
     _stale: int = 0
 
+    @staticmethod
+    def for_device(offloaded: bool) -> CostModel:
+        """A cost model whose assumptions suit where the target runs (offloaded: on a GPU)."""
+        return CostModel(first_step=FIRST_STEP_GPU if offloaded else FIRST_STEP_CPU)
+
     def observe_verify(self, m: int, seconds: float) -> None:
+        if m not in self._verify_seen:
+            # The first decode of a batch size builds llama.cpp's graph and buffers for it: up to
+            # 30x a warm one on a tiny model, and a cold T_v(1) makes plain decoding look slow.
+            self._verify_seen.add(m)
+            return
         if m not in self.verify:
             self._curve = None
         self.verify.setdefault(m, deque(maxlen=self.window)).append(seconds)
@@ -152,5 +175,6 @@ class CostModel:
             return self._curve[:m_max]
         if 1 not in self.verify:
             return None
-        self._curve = verify_curve({m: statistics.median(s) for m, s in self.verify.items()}, m_max)
+        medians = {m: statistics.median(s) for m, s in self.verify.items()}
+        self._curve = verify_curve(medians, m_max, self.first_step)
         return self._curve

@@ -104,7 +104,7 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         # What decodes cost on this machine and what auto learned of the pair: kept across generations.
-        self.costs = CostModel()
+        self.costs = CostModel.for_device(target.offloaded)
         self.learned = Learned()
 
     def generate(self, prompt: Sequence[int], params: GenerationParams) -> Generation:

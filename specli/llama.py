@@ -264,6 +264,11 @@ class Model:
         return self._recurrent
 
     @property
+    def offloaded(self) -> bool:
+        """Whether layers run on a GPU (what a verify batch costs beside one token depends on it)."""
+        return self.options.n_gpu_layers != 0 and bool(llc.llama_supports_gpu_offload())
+
+    @property
     def architecture(self) -> str:
         return self.meta("general.architecture") or "unknown"
 

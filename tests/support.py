@@ -18,6 +18,8 @@ from typing import Any
 import gguf
 import numpy as np
 
+from specli.costs import CostModel
+
 # ---------------------------------------------------------------------------------------------------
 # model paths
 # ---------------------------------------------------------------------------------------------------
@@ -286,3 +288,16 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def free_drafting(*sources: str) -> CostModel:
+    """Costs in which drafting is free, for tests that need -k auto to draft from its first round: a
+    verify batch costs what one token does, a draft step next to nothing (the first sample of each
+    size is taken for a cold decode, so one is spent on each)."""
+    costs = CostModel()
+    for _ in range(3):
+        for m in range(1, 14):
+            costs.observe_verify(m, 1.0 + 1e-4 * (m - 1))
+        for source in sources or ("draft", "ngram", "mtp"):
+            costs.observe_draft(source, 1, 1e-9)
+    return costs

@@ -149,10 +149,10 @@ def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
 # -- drafters that report confidence: calibration and the per-position gate ----------------------------
 
 
-def _gated(c_draft: float = 0.0017) -> AutoK:
-    """auto over the CPU staircase for a draft model whose tokens are accepted when it is confident
-    (top probability above 0.9) and rejected when it is not."""
-    costs = _costs(CPU_STAIRCASE)
+def _gated(c_draft: float = 0.0017, costs: CostModel | None = None) -> AutoK:
+    """auto over the CPU staircase (or `costs`) for a draft model whose tokens are accepted when it is
+    confident (top probability above 0.9) and rejected when it is not."""
+    costs = costs or _costs(CPU_STAIRCASE)
     for _ in range(2):  # the first is taken for a cold decode and left out
         costs.observe_draft("draft", 1, c_draft)
     policy = AutoK(costs, k_max=8, confident=["draft"])
@@ -241,16 +241,37 @@ def test_a_cold_first_draft_decode_is_not_taken_for_the_draft_cost() -> None:
 
 
 def test_a_cold_single_token_decode_does_not_make_plain_look_slow() -> None:
-    """The first decode of a size builds llama.cpp's graph (on a tiny model 30x a warm one). A batch
-    never costs less than a smaller one, so a larger batch measured cheaper caps T_v(1): otherwise the
-    cold sample would make plain decoding look slow, auto would draft on, and m = 1 would never be
-    timed again."""
+    """The first decode of a size builds llama.cpp's graph (on a tiny model 30x a warm one): it is not
+    taken for the size's cost. A batch never costs less than a smaller one, so a larger batch measured
+    cheaper caps T_v(1) (a burst of load): otherwise plain decoding would look slow, auto would draft
+    on, and m = 1 would never be timed again."""
     costs = CostModel()
     costs.observe_verify(1, 0.009)  # graph building
-    assert costs.verify_seconds(1) == pytest.approx([0.009])  # all there is: plain rounds go on
-    for _ in range(3):
+    assert costs.verify_seconds(1) is None
+    costs.observe_verify(1, 0.0004)
+    assert costs.verify_seconds(1) == pytest.approx([0.0004])
+    costs.observe_verify(1, 0.009)  # and a burst of load: the median of two
+    for _ in range(4):
         costs.observe_verify(3, 0.0004)
     assert costs.verify_seconds(3) == pytest.approx([0.0004, 0.0004, 0.0004])
+
+
+def test_batches_are_assumed_dear_on_a_cpu_until_one_is_measured() -> None:
+    """With only T_v(1) measured, a CPU batch is assumed to cost half a token more per token (a GPU's
+    nearly nothing): a draft at 0.6x the target is not worth trying there, a cheap sure one is."""
+    cpu, gpu = CostModel.for_device(offloaded=False), CostModel.for_device(offloaded=True)
+    for costs in (cpu, gpu):
+        for _ in range(3):
+            costs.observe_verify(1, 0.010)
+    assert cpu.verify_seconds(3) == pytest.approx([0.010, 0.015, 0.020])
+    assert gpu.verify_seconds(3) == pytest.approx([0.010, 0.0105, 0.011])
+    for c_draft, worth_trying in ((0.006, False), (0.001, True)):
+        only_one = CostModel.for_device(offloaded=False)
+        for _ in range(3):
+            only_one.observe_verify(1, 0.010)
+        policy = _gated(c_draft=c_draft, costs=only_one)
+        policy.learned.calibration["draft"].observe_first(0.99)
+        assert (policy.choose_k("draft") > 0) == worth_trying
 
 
 def test_no_shadows_when_even_a_sure_draft_could_not_pay() -> None:

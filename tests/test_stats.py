@@ -10,6 +10,7 @@ from collections import Counter
 from itertools import product
 
 import pytest
+from support import free_drafting
 
 from specli import GenerationParams, SamplingParams, load
 from specli.events import DoneEvent, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
@@ -173,6 +174,7 @@ def test_stats_of_a_real_run_are_those_its_events_imply(fixture_models, name) ->
     params = GenerationParams(max_tokens=48, sampling=SamplingParams(temperature=temperature), seed=3,
                               draft_max=draft_max, ignore_eos=True)
     with load(fixture_models.target, draft_arg, n_ctx=256, n_threads=1, ngram=ngram) as spec:
+        spec.engine.costs = free_drafting()  # auto drafts from its first rounds
         generation = spec.generate("Once upon a time there was a fox. Once upon a time", params)
         events = list(generation)
         d = generation.stats.as_dict()

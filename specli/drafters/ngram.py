@@ -102,9 +102,6 @@ class NGramDrafter(Drafter):
         """Up to k tokens, each the confident continuation of the context and the tokens before it."""
         return self._propose(context, k)[0]
 
-    def next_source(self, context: list[int]) -> str:
-        self._propose(context, 1)
-        return self.name
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         """The proposal, stopped where the gate says a position no longer pays. Its confidence is a
