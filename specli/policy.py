@@ -152,6 +152,8 @@ class Learned:
 # A draft step cheaper than this share of a target token costs nothing worth weighing.
 _FREE_LOOK = 0.01
 
+_RATE_TOKENS = 8.0  # decayed tokens of recent rounds before their rate is the reference
+
 _PRIOR_ALPHA = 0.5  # for a source never seen: neither hopeless nor a sure thing
 _PRIOR_WEIGHT = 2.0  # positions the prior counts for: the first rounds' evidence soon outweighs it
 
@@ -196,7 +198,7 @@ class AutoK(DraftPolicy):
     probe_interval: int = 4  # doubles (to 256) after each probe that a draft token failed
     probing: bool = False
     rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed tokens, seconds of rounds
-    hopeless: bool = False  # drafting would not pay even at the draft's surest
+    hopeless: set[str] = field(default_factory=set)  # sources that would not pay even at their surest
     _worth_cache: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
 
     def _observe_acceptance(
@@ -271,7 +273,9 @@ class AutoK(DraftPolicy):
         if verify is None or c_draft is None:
             return None
         tokens, seconds = self.rate
-        rate = max(1.0 / verify[0], tokens / seconds if seconds > 0 else 0.0)
+        # The recent rounds' rate once they are a few tokens' worth: a rate from one or two rounds
+        # is noise, and a high one makes every draft step look dear for the whole generation.
+        rate = max(1.0 / verify[0], tokens / seconds if tokens >= _RATE_TOKENS else 0.0)
         return np.asarray(verify), c_draft, rate
 
     def _worth(self, source: str, inputs: tuple[np.ndarray, float, float]) -> np.ndarray:
@@ -297,18 +301,23 @@ class AutoK(DraftPolicy):
         draft's confidence there has been distributed lately (or was the last time) and what each
         confidence is worth; else 0. The gate then stops the round where drafting on stops paying."""
         self.probing = False
-        if self.hopeless or self.costs.verify_seconds(1) is None:
+        if source in self.hopeless or self.costs.verify_seconds(1) is None:
             # Hopeless: nothing new is learned without drafts or shadows, so it stays so. No T_v(1)
             # yet: a plain round measures it (and a shadow sees the draft's first confidence).
             self.rounds_at_zero += 1
             return 0
         inputs = self._gate_inputs(source)
+        if inputs is None:
+            # What a draft step costs is not known yet: shadows measure it (a draft step and no
+            # verify batch) before any round pays for drafts that may not be worth their cost.
+            self.rounds_at_zero += 1
+            return 0
         cal = self.learned.calibration[source]
-        if inputs is not None and inputs[1] < _FREE_LOOK * inputs[0][0]:
+        if inputs[1] < _FREE_LOOK * inputs[0][0]:
             # Looking costs next to nothing (n-gram lookup): let the gate judge every round.
             self.rounds_at_zero = 0
             return self.k_max
-        if inputs is not None and cal.first.sum() >= 1.0:
+        if cal.first.sum() >= 1.0:
             worth = self._worth(source, inputs)
             price = inputs[2] * inputs[1]  # a draft step, in tokens at the reference rate
             # Confidence comes in runs (a copy goes on), so the last first position seen predicts the
@@ -318,7 +327,8 @@ class AutoK(DraftPolicy):
                 # If even the draft's surest band does not pay, shadows are no use either: each one
                 # has to catch the draft up on every plain token since the last, which on a draft
                 # as dear as the target costs as much as the speculation it would bring back.
-                self.hopeless = float(worth.max()) <= price
+                if float(worth.max()) <= price:
+                    self.hopeless.add(source)
                 self.rounds_at_zero += 1
                 return 0
         self.rounds_at_zero = 0
@@ -363,7 +373,7 @@ class AutoK(DraftPolicy):
         # Shadow every plain round when drafting is cheap (n-gram lookup), less often when not, so
         # that shadows cost at most ~3 % of plain decoding; once per generation when drafting could
         # not pay even if every draft were accepted (which also re-measures the draft's cost).
-        if self.hopeless:
+        if source in self.hopeless:
             return self.rounds_at_zero == 1
         c_draft = self.costs.draft_seconds_per_token(source)
         verify = self.costs.verify_seconds(1)
