@@ -142,15 +142,20 @@ class Calibration:
 @dataclass
 class Learned:
     """What auto learned about this pair of models that the next generation starts from: each source's
-    last (a1, a2) estimate, and acceptance by confidence for the sources that report one. (What the
-    machine's decodes cost is the CostModel's.)"""
+    last (a1, a2) estimate, acceptance by confidence for the sources that report one, and the sources
+    found hopeless (drafting would not pay even at their surest) with the generations since. (What
+    the machine's decodes cost is the CostModel's.)"""
 
     acceptance: dict[str, tuple[float, float]] = field(default_factory=dict)
     calibration: dict[str, Calibration] = field(default_factory=dict)
+    hopeless: dict[str, int] = field(default_factory=dict)
 
 
 # A draft step cheaper than this share of a target token costs nothing worth weighing.
 _FREE_LOOK = 0.01
+# A source found hopeless stays plain without a look in later generations, but for one in this many,
+# which looks again (one shadow re-measures the draft step; the machine's load may have changed).
+_RECHECK_EVERY = 16
 
 _RATE_TOKENS = 8.0  # decayed tokens of recent rounds before their rate is the reference
 
@@ -199,6 +204,7 @@ class AutoK(DraftPolicy):
     probing: bool = False
     rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed tokens, seconds of rounds
     hopeless: set[str] = field(default_factory=set)  # sources that would not pay even at their surest
+    _silent: set[str] = field(default_factory=set, repr=False)  # hopeless since an earlier generation
     _worth_cache: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
 
     def _observe_acceptance(
@@ -241,6 +247,12 @@ class AutoK(DraftPolicy):
     def __post_init__(self) -> None:
         for source in self.confident:
             self.learned.calibration.setdefault(source, Calibration())
+        for source, since in self.learned.hopeless.items():
+            self.learned.hopeless[source] = since + 1
+            if (since + 1) % _RECHECK_EVERY:
+                # Not even a shadow: on a draft as dear as the target, one costs a target token.
+                self.hopeless.add(source)
+                self._silent.add(source)
 
     def choose_k(self, source: str | None) -> int:
         if source is not None and source in self.confident:
@@ -315,6 +327,7 @@ class AutoK(DraftPolicy):
         cal = self.learned.calibration[source]
         if inputs[1] < _FREE_LOOK * inputs[0][0]:
             # Looking costs next to nothing (n-gram lookup): let the gate judge every round.
+            self.learned.hopeless.pop(source, None)
             self.rounds_at_zero = 0
             return self.k_max
         if cal.first.sum() >= 1.0:
@@ -329,8 +342,12 @@ class AutoK(DraftPolicy):
                 # as dear as the target costs as much as the speculation it would bring back.
                 if float(worth.max()) <= price:
                     self.hopeless.add(source)
+                    self.learned.hopeless[source] = 0
+                else:
+                    self.learned.hopeless.pop(source, None)
                 self.rounds_at_zero += 1
                 return 0
+        self.learned.hopeless.pop(source, None)
         self.rounds_at_zero = 0
         return self.k_max
 
@@ -371,10 +388,11 @@ class AutoK(DraftPolicy):
 
     def wants_shadow(self, source: str) -> bool:
         # Shadow every plain round when drafting is cheap (n-gram lookup), less often when not, so
-        # that shadows cost at most ~3 % of plain decoding; once per generation when drafting could
-        # not pay even if every draft were accepted (which also re-measures the draft's cost).
+        # that shadows cost at most ~3 % of plain decoding. When drafting could not pay even if every
+        # draft were accepted: one in the generation that finds it so (it re-measures the draft's
+        # cost), then one in every _RECHECK_EVERY generations.
         if source in self.hopeless:
-            return self.rounds_at_zero == 1
+            return self.rounds_at_zero == 1 and source not in self._silent
         c_draft = self.costs.draft_seconds_per_token(source)
         verify = self.costs.verify_seconds(1)
         if c_draft is None or verify is None:

@@ -276,8 +276,9 @@ def test_batches_are_assumed_dear_on_a_cpu_until_one_is_measured() -> None:
 
 def test_no_shadows_when_even_a_sure_draft_could_not_pay() -> None:
     """Each shadow must catch the draft up on every plain token since the last one: with a draft as
-    dear as the target that costs more than the speculation it could bring back, so auto stops
-    (one shadow per generation re-measures the draft)."""
+    dear as the target that costs more than the speculation it could bring back, so auto stops. One
+    shadow re-measures the draft in the generation that finds it hopeless, and then in one later
+    generation out of 16; the others do not look at all (a shadow costs a target token there)."""
     policy = _gated(c_draft=0.030)
     policy.learned.calibration["draft"].observe_first(0.99)
     shadows = []
@@ -285,6 +286,17 @@ def test_no_shadows_when_even_a_sure_draft_could_not_pay() -> None:
         assert policy.choose_k("draft") == 0
         shadows.append(policy.wants_shadow("draft"))
     assert policy.hopeless and shadows[0] and not any(shadows[1:])
+    shadowed_generations = []
+    for generation in range(1, 33):
+        later = AutoK(policy.costs, policy.learned, k_max=8, confident=["draft"])
+        looks = []
+        for _ in range(20):
+            assert later.choose_k("draft") == 0
+            looks.append(later.wants_shadow("draft"))
+        assert sum(looks) <= 1
+        if any(looks):
+            shadowed_generations.append(generation)
+    assert shadowed_generations == [16, 32]
     cheap = _gated(c_draft=0.004)
     cheap.learned.calibration["draft"].observe_first(0.3)
     assert cheap.choose_k("draft") == 0 and not cheap.hopeless
