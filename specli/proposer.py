@@ -100,7 +100,7 @@ class DraftingProposer(Proposer):
             )
         k = len(draft.tokens)
         # What a draft position costs: a catch-up after plain rounds is left out, with the first
-        # position, which the drafter evaluated in the same decode.
+        # position where the drafter evaluated it in the same decode.
         catch_up = draft.catch_up_seconds
         policy.observe(
             source,
@@ -109,7 +109,7 @@ class DraftingProposer(Proposer):
             result.draft_seconds - catch_up,
             result.verify_seconds,
             draft.confidence,
-            k + (draft.held is not None) - (catch_up > 0),
+            k + (draft.held is not None) - draft.first_in_catch_up,
         )
         held = draft.held
         if held is not None and verdict.n_accepted == k:

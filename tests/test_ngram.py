@@ -61,3 +61,28 @@ def test_counts_follow_the_growing_context_and_cached_lookups_agree() -> None:
     assert d.lookup(context, 1) == [3]  # (5, 1, 2) is new; (1, 2) -> 3, 3, 7: the frequent one wins
     context += [7, 5, 1, 2]
     assert d.lookup(context, 1) == [7]  # (7, 5, 1, 2) seen once, followed by 7: the longest match
+
+
+def test_a_fork_is_less_sure_than_a_single_sighting() -> None:
+    """Confidence is the winner's lead over the runner-up: text that alternates between two
+    continuations (2:1 so far) must not look as sure as a continuation seen once, or the calibration
+    could not learn that forks fail."""
+    once = [1, 2, 3, 4, 9, 1, 2, 3]
+    fork = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 0, 1, 2, 3]  # after (1, 2, 3): 4, 5, 4
+    tie = [8, 1, 2, 3, 4, 8, 1, 2, 3, 5, 8, 1, 2, 3]  # after (8, 1, 2, 3): 4, 5
+    assert drafter(once).draft(once, 1).confidence == [0.5]
+    forked = drafter(fork).draft(fork, 1)
+    assert forked.tokens == [4] and forked.confidence == [0.25]
+    tied = drafter(tie).draft(tie, 1)
+    assert tied.tokens == [5] and tied.confidence == [0.0]  # the most recent, as sure as a coin
+
+
+def test_counting_the_context_is_billed_as_catch_up_not_as_the_lookup() -> None:
+    """Counting the n-grams of what was committed since the last lookup (the whole prompt at first)
+    is a debt of the tokens, not a cost of the draft: auto would otherwise think lookups dear."""
+    context = [7, 1, 2, 3] * 500
+    d = drafter(context)
+    first = d.draft(context, 4)
+    assert first.tokens == [7, 1, 2, 3] and first.catch_up_seconds > 0
+    assert not first.first_in_catch_up  # the lookup itself is still this draft's cost
+    assert d.draft([*context, 7], 4).catch_up_seconds < first.catch_up_seconds

@@ -90,10 +90,12 @@ class Draft:
 
     probs: the drafter's processed distribution q for each proposed position (over the target's
     vocabulary), or None for a deterministic proposal (a point mass, as n-gram lookup makes).
-    confidence: the drafter's top probability at each proposed position (empty: it has none, as
-    n-gram lookup). held: the position a gate stopped at, if one did. catch_up_seconds: time spent
-    evaluating committed tokens the drafter had not seen (after plain rounds), beyond the usual one
-    or two: a debt of the rounds before, not a cost of this draft's length.
+    confidence: how sure the drafter was of each proposed position (a model's top probability,
+    n-gram lookup's lead of the continuation). held: the position a gate stopped at, if one did.
+    catch_up_seconds: time spent on committed tokens the drafter had not seen (after plain rounds),
+    beyond the usual one or two: a debt of the rounds before, not a cost of this draft's length.
+    first_in_catch_up: that work also evaluated the first position (a model's catch-up decode
+    yields the first position's row), so the draft's own cost covers one position fewer.
     """
 
     tokens: list[int]
@@ -102,6 +104,7 @@ class Draft:
     confidence: list[float] = field(default_factory=list)
     held: HeldPosition | None = None
     catch_up_seconds: float = 0.0
+    first_in_catch_up: bool = False
 
     @staticmethod
     def empty(drafter: str) -> Draft:

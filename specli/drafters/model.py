@@ -65,7 +65,7 @@ class DraftModelDrafter(Drafter):
             tokens.append(step.token)
             if i + 1 < k:
                 rows = m.decode([step.token], outputs="last")
-        return Draft(tokens, probs or None, self.name, confidence, held, catch_up)
+        return Draft(tokens, probs or None, self.name, confidence, held, catch_up, catch_up > 0)
 
     def accept(self, context: list[int]) -> None:
         m = self.model

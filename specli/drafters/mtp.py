@@ -107,7 +107,7 @@ class MTPDrafter(Drafter):
                     row, h = mtp.decode([step.token], h[None, :])
         finally:
             mtp.truncate(n)  # drafted positions hold MTP hidden states, not the target's
-        return Draft(tokens, probs or None, self.name, confidence, held, catch_up)
+        return Draft(tokens, probs or None, self.name, confidence, held, catch_up, catch_up > 0)
 
     def accept(self, context: list[int]) -> None:
         if not self._drafted:

@@ -14,6 +14,8 @@ the counts are what keep one stray continuation from outvoting many (as llama.cp
 
 from __future__ import annotations
 
+import time
+
 from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition, Source
 from specli.sampling import Sampler
 
@@ -34,6 +36,8 @@ class NGramDrafter(Drafter):
         # _follow[n][ngram] = {next token: [count, last position seen]}
         self._follow: dict[int, dict[tuple[int, ...], dict[int, list[int]]]] = {}
         self._indexed = 0  # positions whose preceding n-grams are counted
+        self.index_seconds = 0.0  # spent counting them
+        self._billed = 0.0  # of that, reported as drafts' catch-up
         self.last_match_len = 0  # n behind the first token of the last lookup (0: none), for combined
         # The last lookup: (context length, k asked, proposal, n behind its first token, confidences).
         self._last: tuple[int, int, list[int], int, list[float]] | None = None
@@ -59,7 +63,8 @@ class NGramDrafter(Drafter):
 
     def _next(self, tail: list[int]) -> tuple[int, int, float] | None:
         """(token, n, confidence): the confident continuation of the longest n-gram ending `tail`,
-        if any; confidence is its share of what followed, shrunk towards 0 for few sightings."""
+        if any; confidence is its lead over the runner-up as a share of what followed, shrunk
+        towards 0 for few sightings."""
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
             seen = self._follow[n].get(tuple(tail[-n:]))
             if not seen:
@@ -67,7 +72,11 @@ class NGramDrafter(Drafter):
             token, (count, _) = max(seen.items(), key=lambda item: item[1])  # count, then recency
             total = sum(c for c, _ in seen.values())
             if count >= _MIN_COUNT[min(n, 4) - 1] and count >= _MIN_SHARE[min(n, 4) - 1] * total:
-                return token, n, count / (total + 1)
+                # The winner's lead over the runner-up, not its share: a fork seen 2:1 (text that
+                # alternates between two continuations) is much less sure than a single sighting,
+                # and the calibration can only tell them apart if their confidences differ.
+                runner_up = max((c for t, (c, _) in seen.items() if t != token), default=0)
+                return token, n, (count - runner_up) / (total + 1)
         return None
 
     def _propose(self, context: list[int], k: int) -> tuple[list[int], list[float]]:
@@ -80,7 +89,9 @@ class NGramDrafter(Drafter):
             # stopped on its own).
             self.last_match_len = last[3]
             return last[2][:k], last[4][:k]
+        started = time.perf_counter()
         self._index(context)
+        self.index_seconds += time.perf_counter() - started
         tail = context[-self.n_max :]
         proposal: list[int] = []
         confidence: list[float] = []
@@ -117,4 +128,8 @@ class NGramDrafter(Drafter):
             if n < len(tokens):
                 held = HeldPosition(tokens[n], None, confidence[n])
                 tokens, confidence = tokens[:n], confidence[:n]
-        return Draft(tokens, None, self.name, confidence, held)
+        # Counting the tokens committed since the last lookup (the whole prompt, the first time) is
+        # their debt, not this draft's cost: taken for a lookup's cost, it made lookups look dear
+        # enough for auto to stop drafting.
+        debt, self._billed = self.index_seconds - self._billed, self.index_seconds
+        return Draft(tokens, None, self.name, confidence, held, debt)
