@@ -113,7 +113,6 @@ class NGramDrafter(Drafter):
         """Up to k tokens, each the confident continuation of the context and the tokens before it."""
         return self._propose(context, k)[0]
 
-
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         """The proposal, stopped where the gate says a position no longer pays. Its confidence is a
         function of the context and the tokens drafted before it, never of a random draw, so a stop
