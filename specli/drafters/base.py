@@ -6,7 +6,7 @@ A new drafter is a new file implementing `Drafter`; the engine does not change.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -109,6 +109,41 @@ class Draft:
     @staticmethod
     def empty(drafter: str) -> Draft:
         return Draft([], None, drafter)
+
+
+def draft_positions(
+    row: np.ndarray,
+    next_row: Callable[[int], np.ndarray],
+    k: int,
+    position: int,
+    sampler: Sampler,
+    *,
+    width: int,
+    p_min: float,
+    gate: DraftGate | None,
+    name: str,
+    catch_up_seconds: float,
+) -> Draft:
+    """Up to k positions of a drafter that samples from logits, by `draft_step`: `row` gives position
+    0, and `next_row(token)` (the drafter decoding the token it just drafted) each next one. The
+    catch-up that produced `row` evaluated position 0 too (`Draft.first_in_catch_up`)."""
+    tokens: list[int] = []
+    probs: list[Dist] = []
+    confidence: list[float] = []
+    held = None
+    for i in range(k):
+        step = draft_step(row, i, position, sampler, width=width, p_min=p_min, gate=gate)
+        held = step.held
+        if step.token is None:
+            break
+        if step.confidence is not None:
+            confidence.append(step.confidence)
+        if step.q is not None:
+            probs.append(step.q)
+        tokens.append(step.token)
+        if i + 1 < k:
+            row = next_row(step.token)
+    return Draft(tokens, probs or None, name, confidence, held, catch_up_seconds, catch_up_seconds > 0)
 
 
 @dataclass(frozen=True)

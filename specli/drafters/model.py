@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
-from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_step
+import numpy as np
+
+from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_positions
 from specli.llama import Model
 from specli.sampling import (
-    Dist,
     Noise,
     Sampler,
     SamplingParams,
@@ -48,24 +49,14 @@ class DraftModelDrafter(Drafter):
         rows = m.decode(context[m.n_past :], outputs="last")
         catch_up = time.perf_counter() - t0 if behind > 2 else 0.0
         m.checkpoint()  # a recurrent draft returns here when drafts are rejected (no-op otherwise)
-        tokens: list[int] = []
-        probs: list[Dist] = []
-        confidence: list[float] = []
-        held = None
-        for i in range(k):
-            row = rows[0] if rows.shape[1] <= width else rows[0, :width]
-            step = draft_step(row, i, len(context), sampler, width=width, p_min=self.p_min, gate=gate)
-            held = step.held
-            if step.token is None:
-                break
-            if step.confidence is not None:
-                confidence.append(step.confidence)
-            if step.q is not None:
-                probs.append(step.q)
-            tokens.append(step.token)
-            if i + 1 < k:
-                rows = m.decode([step.token], outputs="last")
-        return Draft(tokens, probs or None, self.name, confidence, held, catch_up, catch_up > 0)
+
+        def first_of(rows: np.ndarray) -> np.ndarray:
+            return rows[0] if rows.shape[1] <= width else rows[0, :width]
+
+        return draft_positions(
+            first_of(rows), lambda token: first_of(m.decode([token], outputs="last")), k, len(context),
+            sampler, width=width, p_min=self.p_min, gate=gate, name=self.name, catch_up_seconds=catch_up,
+        )
 
     def accept(self, context: list[int]) -> None:
         m = self.model

@@ -15,10 +15,9 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_step
+from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_positions
 from specli.llama import Model, MTPContext
 from specli.sampling import (
-    Dist,
     Noise,
     Sampler,
     SamplingParams,
@@ -87,27 +86,20 @@ class MTPDrafter(Drafter):
         # after each verify); only what plain rounds left behind is a debt, not this draft's cost.
         catch_up = time.perf_counter() - t0 if self._debt else 0.0
         self._debt, self._drafted = False, True
-        tokens: list[int] = []
-        probs: list[Dist] = []
-        confidence: list[float] = []
-        held = None
+
+        def next_row(token: int) -> np.ndarray:
+            # The drafted token reads the MTP head's own h: the target has not evaluated it.
+            nonlocal h
+            next_logits, h = mtp.decode([token], h[None, :])
+            return next_logits
+
         try:
-            for i in range(k):
-                step = draft_step(row, i, n, sampler, width=width, p_min=self.p_min, gate=gate)
-                held = step.held
-                if step.token is None:
-                    break
-                if step.confidence is not None:
-                    confidence.append(step.confidence)
-                if step.q is not None:
-                    probs.append(step.q)
-                tokens.append(step.token)
-                if i + 1 < k:
-                    # The drafted token reads the MTP head's own h: the target has not evaluated it.
-                    row, h = mtp.decode([step.token], h[None, :])
+            return draft_positions(
+                row, next_row, k, n, sampler,
+                width=width, p_min=self.p_min, gate=gate, name=self.name, catch_up_seconds=catch_up,
+            )
         finally:
             mtp.truncate(n)  # drafted positions hold MTP hidden states, not the target's
-        return Draft(tokens, probs or None, self.name, confidence, held, catch_up, catch_up > 0)
 
     def accept(self, context: list[int]) -> None:
         if not self._drafted:
