@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specli.synth.gguf_writer import ProgressCallback, WeightDType
-from specli.synth.ngram_model import SynthModelConfig, write_ngram_model
-from specli.synth.ngram_stats import ngram_factors
+from specli.synth.ngram_model import SynthModelConfig, counted_factors, write_ngram_model
 from specli.synth.vocab import train_vocab
 
 _DOCSTRING_RE = re.compile(r'(?:^|[=(\s])[rRuU]?"""(.*?)"""', re.S)
@@ -166,16 +165,7 @@ def build_demo_pair(
     factors = None
     if config.distill_draft:
         stage_reporter(0.12, 0.45)(f"counting and factoring {target.name}", 0.0)
-        factors = ngram_factors(
-            trained.documents,
-            len(trained.vocab),
-            trained.vocab.bos_id,
-            rank=target.rank,
-            skip_rank=target.skip_rank,
-            skip_weight=target.skip_weight,
-            sharpness=target.sharpness,
-            seed=target.seed,
-        )
+        factors = counted_factors(trained.documents, trained, target)
     paths = [
         write_ngram_model(
             directory / filename,

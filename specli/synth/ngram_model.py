@@ -251,6 +251,14 @@ def config_factors(trained: TrainedVocab, config: SynthModelConfig) -> NgramFact
     """The statistics *config* describes: counted in its *data_fraction* share of *trained*'s
     documents, factored and truncated to its ranks."""
     documents = document_subset(trained.documents, config.data_fraction, config.seed)
+    return counted_factors(documents, trained, config).truncated(config.rank, config.skip_rank)
+
+
+def counted_factors(
+    documents: Sequence[np.ndarray], trained: TrainedVocab, config: SynthModelConfig
+) -> NgramFactors:
+    """The n-gram statistics of *documents* over *trained*'s vocabulary, factored with *config*'s
+    ranks, skip weight, sharpness and seed."""
     return ngram_factors(
         documents,
         len(trained.vocab),
@@ -260,7 +268,7 @@ def config_factors(trained: TrainedVocab, config: SynthModelConfig) -> NgramFact
         skip_weight=config.skip_weight,
         sharpness=config.sharpness,
         seed=config.seed,
-    ).truncated(config.rank, config.skip_rank)
+    )
 
 
 def write_ngram_model(
