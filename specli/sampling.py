@@ -5,9 +5,12 @@ distribution, then temperature), so `specli --no-draft` samples what `llama-cli`
 processing is applied to draft rows and target rows: exactness only needs the target's rows to be
 processed exactly as plain decoding would process them, and any proposal distribution q works.
 
-Work per row is kept off the vocabulary: one pass computes the maxima of 256-id blocks, and
+Work per row is kept off the vocabulary: one pass computes the maxima of groups of ids, and
 everything after that (top-k, min-p, the top-p candidates, Gumbel-max draws) touches only the few
-blocks that can matter. A processed distribution (`Dist`) holds just its support.
+groups that can matter. A processed distribution (`Dist`) holds just its support. Right after a
+decode has streamed the weights through the caches, every numpy call costs tens of microseconds
+whatever its size, so the few dozen survivors of the filters are handled in plain Python, and
+banned ids (--ignore-eos) are checked after the fact where they can only matter by winning.
 
 Randomness is keyed, not streamed: every random number is a hash of (seed, position, purpose, token
 id) (`Noise`), so what a position draws never depends on what was drawn before, how many tokens a
@@ -94,6 +97,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+_2_53 = 1.0 / (1 << 53)
+# Supports of up to this many ids draw their noise in plain Python (Noise.gumbel_few).
+_FEW = 24
+
+
 def _unit(bits: np.ndarray) -> np.ndarray:
     """Uniforms in the open interval (0, 1) from 53 of the bits."""
     return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
@@ -141,7 +149,16 @@ class Noise:
 
     def gumbel(self, position: int, ids: np.ndarray, family: int, salt: int = 0) -> np.ndarray:
         """Gumbel(0) noise of each id (float64): one hash per id, for draws over a small support."""
+        if ids.shape[0] <= _FEW:
+            return np.array(self.gumbel_few(position, ids.tolist(), family, salt))
         return -np.log(-np.log(_unit(self._bits(position, family * 4, salt, ids))))
+
+    def gumbel_few(self, position: int, ids: list[int], family: int, salt: int = 0) -> list[float]:
+        """gumbel() for a few ids in plain Python: right after a decode has evicted the caches, each
+        numpy call costs tens of microseconds, and a draw from a filtered support needs a dozen."""
+        base = self._base(position, family * 4, salt)
+        log = math.log
+        return [-log(-log(((_mix_int(i * _GOLDEN + base) >> 11) + 0.5) * _2_53)) for i in ids]
 
     def gumbel_blocked(self, position: int, ids: np.ndarray, family: int, salt: int = 0) -> np.ndarray:
         """Another Gumbel(0) noise per id, built top-down by blocks (see the class docstring), for
@@ -177,10 +194,10 @@ def _block_max(row: np.ndarray) -> np.ndarray:
 
 
 class _Groups:
-    """The row's ids in strided groups (group c: c, c + stride, c + 2·stride, …) and each group's
-    maximum. One pass over the row computes all maxima (an elementwise max of `rows` contiguous
-    slices, which vectorizes far better than per-block reductions); a search then touches only the
-    groups whose maximum can matter."""
+    """The row's ids in strided groups (group c: c, c + stride, c + 2·stride, …; the few ids past
+    the last full row join groups 0, 1, …) and each group's maximum. One pass over the row computes
+    all maxima (an elementwise max of `rows` contiguous slices, which vectorizes far better than
+    per-block reductions); a search then touches only the groups whose maximum can matter."""
 
     _ROWS = 32
 
@@ -190,15 +207,22 @@ class _Groups:
         self.stride = n // self.rows
         main = self.rows * self.stride
         gm = row[:main].reshape(self.rows, self.stride).max(axis=0)
-        # The few ids past the last full row are groups of their own.
-        self.max = np.concatenate([gm, row[main:]]) if main < n else gm
+        self.tail = n - main
+        if self.tail:
+            np.maximum(gm[: self.tail], row[main:], out=gm[: self.tail])
+        self.max = gm
 
     def ids(self, groups: np.ndarray) -> np.ndarray:
-        inner = groups[groups < self.stride]
-        ids = (inner[:, None] + np.arange(self.rows) * self.stride).ravel()
-        if inner.shape[0] < groups.shape[0]:
-            ids = np.concatenate([ids, self.rows * self.stride + groups[groups >= self.stride] - self.stride])
+        """The ids of `groups`; in ascending order when `groups` ascend (row by row)."""
+        ids = (_row_offsets(self.rows, self.stride) + groups).ravel()
+        if self.tail:
+            ids = np.concatenate([ids, self.rows * self.stride + groups[groups < self.tail]])
         return ids
+
+
+@functools.lru_cache(maxsize=8)
+def _row_offsets(rows: int, stride: int) -> np.ndarray:
+    return (np.arange(rows, dtype=np.int64) * stride)[:, None]
 
 
 def _sorted_desc(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -206,34 +230,35 @@ def _sorted_desc(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return ids[np.lexsort((ids, -row[ids]))]
 
 
-def _top_ids(row: np.ndarray, groups: _Groups, width: int) -> np.ndarray:
-    """The `width` largest logits' ids, best first.
+def _top_k(row: np.ndarray, groups: _Groups, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of the `k` largest logits (ties to the lowest ids, deterministic as llama.cpp's sort)
+    and their logits, in no particular order.
 
-    The width-th largest group maximum t is a value of the row, and `width` groups reach it, so the
-    width-th largest value is >= t: every id that can be among the top lies in a group whose maximum
-    reaches t, and only those groups are gathered (about `width` of them).
+    The k-th largest group maximum t is a value of the row, and k groups reach it, so the k-th largest
+    value is >= t: every id that can be among the top lies in a group whose maximum reaches t, and
+    only those groups are gathered (about k of them).
     """
     n = row.shape[0]
     gm = groups.max
-    if width >= gm.shape[0] or width * groups.rows * 4 >= n:
+    if k >= gm.shape[0] or k * groups.rows * 4 >= n:
         ids = np.arange(n)
     else:
-        kth = np.partition(gm, gm.shape[0] - width)[gm.shape[0] - width]
+        kth = np.partition(gm, gm.shape[0] - k)[gm.shape[0] - k]
         ids = groups.ids(np.flatnonzero(gm >= kth))
     vals = row[ids]
-    if width < ids.shape[0]:
-        cut = ids.shape[0] - width
-        part = np.argpartition(vals, cut)
-        threshold = vals[part[cut]]
-        top = part[cut:]
-        if np.count_nonzero(vals == threshold) > np.count_nonzero(vals[top] == threshold):
-            # A tie at the boundary: the lowest ids win it (deterministic, as llama.cpp's sort).
-            above = ids[vals > threshold]
-            ties = np.sort(ids[vals == threshold])[: width - above.shape[0]]
-            ids = np.concatenate([above, ties])
-        else:
-            ids = ids[top]
-    return _sorted_desc(row, ids)
+    if k < ids.shape[0]:
+        threshold = np.partition(vals, ids.shape[0] - k)[ids.shape[0] - k]
+        top = np.flatnonzero(vals >= threshold)
+        if top.shape[0] > k:
+            top = np.lexsort((ids, -vals))[:k]  # a tie at the boundary: the lowest ids win it
+        ids, vals = ids[top], vals[top]
+    return ids, vals
+
+
+def _top_ids(row: np.ndarray, groups: _Groups, width: int) -> np.ndarray:
+    """The `width` largest logits' ids, best first (ties to the lowest id)."""
+    ids, vals = _top_k(row, groups, width)
+    return ids[np.lexsort((ids, -vals))]
 
 
 def _at_least(row: np.ndarray, groups: _Groups, floor: float) -> np.ndarray:
@@ -242,8 +267,52 @@ def _at_least(row: np.ndarray, groups: _Groups, floor: float) -> np.ndarray:
     return _sorted_desc(row, ids[row[ids] >= floor])
 
 
-def _support(row: np.ndarray, groups: _Groups, m: float, params: SamplingParams) -> np.ndarray | None:
-    """Token ids surviving top-k/top-p/min-p, best first, or None when no filter is active (all)."""
+# Relative margin within which the top-p fast path defers to the sorted cumulative sum: far above the
+# rounding of a sum of a few dozen float64 terms, so both ways give the same cut.
+_TOP_P_MARGIN = 1e-9
+
+
+def _top_k_support(
+    row: np.ndarray, groups: _Groups, m: float, top_k: int, top_p: float, floor: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """top-k, then top-p over the survivors' mass (0: off), then min-p (floor: -inf when off).
+
+    The survivors of min-p are the largest of the top k, so they come first in the sorted order that
+    top-p cuts: when the top-k mass without the smallest min-p survivor stays below top_p, top-p
+    keeps every min-p survivor and nothing needs sorting (the usual case). Otherwise the cut is
+    taken from the sorted cumulative sum, exactly as llama.cpp computes it. The few dozen values
+    are handled in plain Python: after a decode each numpy call costs more than its arithmetic.
+    """
+    keep, vals = _top_k(row, groups, top_k)
+    if not top_p:
+        if floor == -math.inf:
+            return keep, vals
+        survives = vals >= floor
+        return keep[survives], vals[survives]
+    values = vals.tolist()
+    exp = math.exp
+    z = [exp(v - m) for v in values]
+    z_survivors = [zi for zi, v in zip(z, values, strict=True) if v >= floor]
+    if sum(z_survivors) - min(z_survivors) < top_p * sum(z) * (1 - _TOP_P_MARGIN):
+        if len(z_survivors) == len(values):
+            return keep, vals
+        survives = vals >= floor
+        return keep[survives], vals[survives]
+    z64 = np.exp(vals.astype(np.float64) - m)
+    order = np.lexsort((keep, -vals))
+    cum = np.cumsum(z64[order]) / float(z64.sum())
+    # The smallest prefix whose mass reaches top_p (at least one token), as llama.cpp does.
+    cut = int(np.searchsorted(cum, top_p, side="left")) + 1
+    prefix = order[: max(1, min(cut, order.shape[0]))]
+    prefix = prefix[vals[prefix] >= floor]
+    return keep[prefix], vals[prefix]
+
+
+def _support(
+    row: np.ndarray, groups: _Groups, m: float, params: SamplingParams
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The token ids surviving top-k/top-p/min-p (in no particular order) and their logits, or None
+    when no filter is active (all)."""
     n = row.shape[0]
     top_k = params.top_k if 0 < params.top_k < n else 0
     top_p = params.top_p if params.top_p < 1.0 else 0.0
@@ -251,31 +320,26 @@ def _support(row: np.ndarray, groups: _Groups, m: float, params: SamplingParams)
     if not (top_k or top_p or min_p):
         return None
     floor = m + math.log(min_p) if min_p else -math.inf
-    if not (top_k or top_p):
-        return _at_least(row, groups, floor)  # min-p alone: keep p >= min_p * p_max
     if top_k:
-        keep = _top_ids(row, groups, top_k)
-        if not top_p and min_p:
-            return keep[row[keep] >= floor]
-    if top_p:
-        # The untempered distribution's mass, over the top-k survivors or the whole row as llama.cpp.
-        # float64: the cut must not move with rounding when the mass sits right at top_p.
-        total = None if top_k else float(np.exp(row.astype(np.float64) - m).sum())
-        width = 64
-        while True:
-            if not top_k:
-                keep = _top_ids(row, groups, width)
-            z = np.exp(row[keep].astype(np.float64) - m)
-            cum = np.cumsum(z) / (total if total is not None else float(z.sum()))
-            if top_k or cum[-1] >= top_p or width >= n:
-                break
-            width = min(n, width * 8)
-        # The smallest prefix whose mass reaches top_p (at least one token), as llama.cpp does.
-        cut = int(np.searchsorted(cum, top_p, side="left")) + 1
-        keep = keep[: max(1, min(cut, keep.shape[0]))]
+        return _top_k_support(row, groups, m, top_k, top_p, floor)
+    if not top_p:
+        keep = _at_least(row, groups, floor)  # min-p alone: keep p >= min_p * p_max
+        return keep, row[keep]
+    # top-p over the whole row's mass, as llama.cpp. float64: the cut must not move with rounding
+    # when the mass sits right at top_p.
+    total = float(np.exp(row.astype(np.float64) - m).sum())
+    width = 64
+    while True:
+        keep = _top_ids(row, groups, width)
+        cum = np.cumsum(np.exp(row[keep].astype(np.float64) - m)) / total
+        if cum[-1] >= top_p or width >= n:
+            break
+        width = min(n, width * 8)
+    cut = int(np.searchsorted(cum, top_p, side="left")) + 1
+    keep = keep[: max(1, min(cut, keep.shape[0]))]
     if min_p:
         keep = keep[row[keep] >= floor]
-    return keep
+    return keep, row[keep]
 
 
 class Dist:
@@ -332,6 +396,11 @@ class Dist:
         """The Gumbel-max draw argmax(score + g) with the noise keyed at this position: a sample of
         this distribution, and the same token for every distribution that agrees on where it lands."""
         if self.ids is not None:
+            if self.ids.shape[0] <= _FEW:
+                ids = self.ids.tolist()
+                noise_of = noise.gumbel_few(position, ids, family, salt)
+                values = [s + g for s, g in zip(self.scores.tolist(), noise_of, strict=True)]
+                return ids[values.index(max(values))]
             return int(self.ids[np.argmax(self.scores + noise.gumbel(position, self.ids, family, salt))])
         s = self.scores
         if self._block_max is None:
@@ -397,8 +466,8 @@ def _banned_index(banned: tuple[int, ...], n: int) -> np.ndarray:
 
 
 def _without_banned(row: np.ndarray, banned: tuple[int, ...]) -> np.ndarray:
-    """The row with banned ids at -inf; a copy only when one of them is not already there (the engine
-    masks verify rows in place, once, so the usual case copies nothing)."""
+    """The row with banned ids at -inf; a copy only when one of them is not already there (rows
+    that need it are masked in place first, by masked_for, so the usual case copies nothing)."""
     if not banned:
         return row
     idx = _banned_index(banned, row.shape[0])
@@ -411,8 +480,24 @@ def _without_banned(row: np.ndarray, banned: tuple[int, ...]) -> np.ndarray:
 
 def mask_banned(rows: np.ndarray, banned: tuple[int, ...]) -> None:
     """Set banned ids to -inf in place, in llama.cpp's logits buffer (ours until the next decode)."""
-    if banned:
-        rows[:, _banned_index(banned, rows.shape[1])] = -np.inf
+    for token in _banned_index(banned, rows.shape[1]).tolist():
+        rows[:, token] = -np.inf  # one column at a time: cheaper than a fancy-index store for a few ids
+
+
+def _checks_banned_after(params: SamplingParams) -> bool:
+    """Whether sampling with `params` looks at banned ids only after the fact (greedy, top-k): a
+    banned id changes the outcome only when it is among the winners, which is rare and cheap to
+    check, so rows need not be masked first."""
+    return params.greedy or params.top_k > 0
+
+
+def masked_for(rows: np.ndarray, params: SamplingParams) -> SamplingParams:
+    """Get target rows ready for sampling with `params`: banned ids are masked in place unless the
+    sampling checks them after the fact; returns the settings to sample these rows with."""
+    if not params.banned or _checks_banned_after(params):
+        return params
+    mask_banned(rows, params.banned)
+    return params.unbanned
 
 
 def _check_max(m: float) -> None:
@@ -425,8 +510,10 @@ def _check_max(m: float) -> None:
 def greedy_token(logits: np.ndarray, banned: tuple[int, ...] = ()) -> int:
     """argmax of one row (ties go to the lowest id, as llama.cpp's greedy sampler). One pass: argmax
     lands on a NaN if there is one, so checking the winner checks the row."""
-    logits = _without_banned(logits, banned)
-    idx = int(np.argmax(logits))
+    idx = int(logits.argmax())
+    if banned and idx in banned:  # rare: only then is a masked copy of the row needed
+        logits = _without_banned(logits, banned)
+        idx = int(logits.argmax())
     _check_max(float(logits[idx]))
     return idx
 
@@ -451,23 +538,43 @@ def distribution(logits: np.ndarray, params: SamplingParams, *, width: int | Non
     """One logits row -> the processed distribution that sampling draws from.
 
     `width` is the target's vocabulary size: ids beyond it (a draft with a longer vocabulary) are
-    never proposed, and a shorter row simply has no mass past its end.
+    never proposed, and a shorter row simply has no mass past its end. Banned ids need not be
+    masked in the row (see masked_for).
     """
     if params.greedy:
         raise ValueError("greedy decoding uses greedy_token, not a distribution")
     row = logits if width is None or width >= logits.shape[0] else logits[:width]
-    row = _without_banned(row, params.banned)
     out_width = width or row.shape[0]
+    if params.banned:
+        if 0 < params.top_k < row.shape[0]:
+            # A banned id changes top-k's outcome only by being among the winners: check afterwards.
+            try:
+                dist = _distribution(row, params.unbanned, out_width)
+                if _banned_set(params.banned).isdisjoint(dist.ids.tolist()):
+                    return dist
+            except SamplingError:
+                pass  # perhaps a banned id's NaN or infinity: decide on the masked row
+        row = _without_banned(row, params.banned)
+    return _distribution(row, params.unbanned, out_width)
+
+
+@functools.lru_cache(maxsize=16)
+def _banned_set(banned: tuple[int, ...]) -> frozenset[int]:
+    return frozenset(banned)
+
+
+def _distribution(row: np.ndarray, params: SamplingParams, out_width: int) -> Dist:
     groups = _Groups(row)
     m = float(groups.max.max())
     _check_max(m)
     inv_t = 1.0 / params.temperature
     if not math.isfinite(inv_t * max(1.0, abs(m))):
         raise SamplingError(f"temperature {params.temperature:g} is too small to divide logits by")
-    keep = _support(row, groups, m, params)
-    if keep is None:
+    support = _support(row, groups, m, params)
+    if support is None:
         return Dist(None, row * np.float32(inv_t), out_width)
-    return Dist(keep, row[keep].astype(np.float64) * inv_t, out_width)
+    keep, logits_kept = support
+    return Dist(keep, np.multiply(logits_kept, inv_t, dtype=np.float64), out_width)
 
 
 def process_logits(logits: np.ndarray, params: SamplingParams, *, out_width: int | None = None) -> np.ndarray:

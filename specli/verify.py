@@ -22,7 +22,7 @@ from specli.sampling import (
     SamplingParams,
     distribution,
     greedy_token,
-    mask_banned,
+    masked_for,
     proposal_acceptance,
 )
 
@@ -50,9 +50,7 @@ def verify(target_rows: np.ndarray, draft: Draft, sampler: Sampler, position: in
     d = draft.tokens
     k = len(d)
     params, noise = sampler.params, sampler.noise
-    if params.banned:
-        mask_banned(target_rows, params.banned)  # once, in place; then nothing checks them again
-        params = params.unbanned
+    params = masked_for(target_rows, params)
     dists: list[Dist | None] = []
     if params.greedy or sampler.same_as_plain:
         for i in range(k + 1):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -27,7 +29,9 @@ from specli.sampling import (
     SamplingError,
     SamplingParams,
     accept_prefix,
+    distribution,
     greedy_token,
+    masked_for,
     process_logits,
     residual_distribution,
     sample,
@@ -77,6 +81,38 @@ def test_process_logits_matches_full_sort_reference(params: SamplingParams) -> N
         assert abs(float(got.sum()) - 1) < 1e-5
         np.testing.assert_allclose(got, want, atol=2e-6)
         assert set(np.flatnonzero(got)) == set(np.flatnonzero(want))
+
+
+@pytest.mark.parametrize("n", [262_144, 32 * 4748 + 7])  # Gemma's vocabulary; one with a ragged tail
+@pytest.mark.parametrize("rows", ["normal", "ties", "flat"])
+def test_large_vocabulary_filters_and_bans_match_the_reference(n: int, rows: str) -> None:
+    """The candidate search over group maxima (ties at the top-k boundary, ids past the last full row,
+    the top-p shortcut) and banned ids checked after the fact, against a full sort of the masked row."""
+    rng = np.random.default_rng(n)
+    for trial in range(12):
+        x = rng.standard_normal(n) * (0.5 if rows == "flat" else 3.0)
+        if rows == "ties":
+            x = np.round(x * 2) / 2
+            x[rng.integers(n, size=60)] = x.max()  # more ids tie at the top than top-k keeps
+        x = x.astype(np.float32)
+        banned = tuple(int(t) for t in rng.integers(n, size=2))
+        if trial % 2:
+            banned += (int(np.argmax(x)), int(np.argsort(-x, kind="stable")[5]))  # banned winners
+        masked = x.copy()
+        masked[list(banned)] = -np.inf
+        assert greedy_token(x, banned) == int(np.argmax(masked))
+        for params in (
+            SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+            SamplingParams(temperature=1.0, top_k=40, top_p=0.5),
+            SamplingParams(temperature=1.0, top_k=100, min_p=0.01),
+            SamplingParams(temperature=1.0, top_k=40),
+        ):
+            want = reference_process(masked, params)
+            got = distribution(x, replace(params, banned=banned)).dense()
+            assert set(np.flatnonzero(got)) == set(np.flatnonzero(want)), (trial, params)
+            np.testing.assert_allclose(got, want, atol=2e-6)
+            assert masked_for(x[None, :], replace(params, banned=banned)).banned == banned  # no mask needed
+        np.testing.assert_array_equal(x[list(banned)] > -np.inf, True)  # the row was not touched
 
 
 def test_process_logits_pads_and_cuts_to_target_width() -> None:

@@ -121,7 +121,8 @@ def test_plain_keyed_sampling_follows_the_target_distribution(fixture_models, sa
 def test_keyed_noise_is_gumbel_and_independent_of_the_ids_asked_together(kind) -> None:
     noise = Noise(7)
     gumbel = noise.gumbel if kind == "per-id" else noise.gumbel_blocked
-    ids = np.array([3, 255, 256, 70_000, 262_143])
+    # More ids than a draw hashes in plain Python (Noise.gumbel_few) against each one alone.
+    ids = np.array([3, 255, 256, 70_000, 262_143, *range(1000, 1040)])
     together = gumbel(11, ids, 0)
     alone = np.array([gumbel(11, ids[i : i + 1], 0)[0] for i in range(ids.shape[0])])
     np.testing.assert_array_equal(together, alone)
