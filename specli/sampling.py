@@ -243,16 +243,22 @@ def _top_k(row: np.ndarray, groups: _Groups, k: int) -> tuple[np.ndarray, np.nda
     if k >= gm.shape[0] or k * groups.rows * 4 >= n:
         ids = np.arange(n)
     else:
-        kth = np.partition(gm, gm.shape[0] - k)[gm.shape[0] - k]
-        ids = groups.ids(np.flatnonzero(gm >= kth))
+        ids = groups.ids((gm >= _kth_largest(gm, k)).nonzero()[0])
     vals = row[ids]
     if k < ids.shape[0]:
-        threshold = np.partition(vals, ids.shape[0] - k)[ids.shape[0] - k]
-        top = np.flatnonzero(vals >= threshold)
+        top = (vals >= _kth_largest(vals, k)).nonzero()[0]
         if top.shape[0] > k:
             top = np.lexsort((ids, -vals))[:k]  # a tie at the boundary: the lowest ids win it
         ids, vals = ids[top], vals[top]
     return ids, vals
+
+
+def _kth_largest(values: np.ndarray, k: int) -> np.floating:
+    """The k-th largest of `values`. Array methods rather than np.partition and np.flatnonzero here:
+    their Python wrappers cost more than the work on a few thousand values right after a decode."""
+    part = values.copy()
+    part.partition(values.shape[0] - k)
+    return part[values.shape[0] - k]
 
 
 def _top_ids(row: np.ndarray, groups: _Groups, width: int) -> np.ndarray:
@@ -291,9 +297,12 @@ def _top_k_support(
         return keep[survives], vals[survives]
     values = vals.tolist()
     exp = math.exp
-    z = [exp(v - m) for v in values]
-    z_survivors = [zi for zi, v in zip(z, values, strict=True) if v >= floor]
-    if sum(z_survivors) - min(z_survivors) < top_p * sum(z) * (1 - _TOP_P_MARGIN):
+    z_survivors = [exp(v - m) for v in values if v >= floor]
+    if len(z_survivors) == 1:  # the usual case: one token within min-p of the top
+        top = values.index(max(values))
+        return keep[top : top + 1], vals[top : top + 1]
+    total = sum([exp(v - m) for v in values])
+    if sum(z_survivors) - min(z_survivors) < top_p * total * (1 - _TOP_P_MARGIN):
         if len(z_survivors) == len(values):
             return keep, vals
         survives = vals >= floor
@@ -376,7 +385,7 @@ class Dist:
     def prob(self, token: int) -> float:
         if self.ids is None:
             return float(self.probs[token]) if 0 <= token < self.scores.shape[0] else 0.0
-        hit = np.flatnonzero(self.ids == token)
+        hit = (self.ids == token).nonzero()[0]
         return float(self.probs[hit[0]]) if hit.size else 0.0
 
     def top(self) -> float:
@@ -396,6 +405,8 @@ class Dist:
         """The Gumbel-max draw argmax(score + g) with the noise keyed at this position: a sample of
         this distribution, and the same token for every distribution that agrees on where it lands."""
         if self.ids is not None:
+            if self.ids.shape[0] == 1:
+                return int(self.ids[0])  # the argmax over one id, whatever its noise
             if self.ids.shape[0] <= _FEW:
                 ids = self.ids.tolist()
                 noise_of = noise.gumbel_few(position, ids, family, salt)
