@@ -278,6 +278,13 @@ def _at_least(row: np.ndarray, groups: _Groups, floor: float) -> np.ndarray:
 _TOP_P_MARGIN = 1e-9
 
 
+def _top_p_length(cum: np.ndarray, top_p: float) -> int:
+    """How many of the best-first candidates top-p keeps, given their cumulative mass: the smallest
+    prefix whose mass reaches top_p (at least one token, at most all), as llama.cpp does."""
+    cut = int(np.searchsorted(cum, top_p, side="left")) + 1
+    return max(1, min(cut, cum.shape[0]))
+
+
 def _top_k_support(
     row: np.ndarray, groups: _Groups, m: float, top_k: int, top_p: float, floor: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -309,10 +316,7 @@ def _top_k_support(
         return keep[survives], vals[survives]
     z64 = np.exp(vals.astype(np.float64) - m)
     order = np.lexsort((keep, -vals))
-    cum = np.cumsum(z64[order]) / float(z64.sum())
-    # The smallest prefix whose mass reaches top_p (at least one token), as llama.cpp does.
-    cut = int(np.searchsorted(cum, top_p, side="left")) + 1
-    prefix = order[: max(1, min(cut, order.shape[0]))]
+    prefix = order[: _top_p_length(np.cumsum(z64[order]) / float(z64.sum()), top_p)]
     prefix = prefix[vals[prefix] >= floor]
     return keep[prefix], vals[prefix]
 
@@ -344,8 +348,7 @@ def _support(
         if cum[-1] >= top_p or width >= n:
             break
         width = min(n, width * 8)
-    cut = int(np.searchsorted(cum, top_p, side="left")) + 1
-    keep = keep[: max(1, min(cut, keep.shape[0]))]
+    keep = keep[: _top_p_length(cum, top_p)]
     if min_p:
         keep = keep[row[keep] >= floor]
     return keep, row[keep]
