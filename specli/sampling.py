@@ -292,10 +292,15 @@ def _top_k_support(
 
     The survivors of min-p are the largest of the top k, so they come first in the sorted order that
     top-p cuts: when the top-k mass without the smallest min-p survivor stays below top_p, top-p
-    keeps every min-p survivor and nothing needs sorting (the usual case). Otherwise the cut is
-    taken from the sorted cumulative sum, exactly as llama.cpp computes it. The few dozen values
-    are handled in plain Python: after a decode each numpy call costs more than its arithmetic.
+    keeps every min-p survivor and nothing needs sorting (the usual case, most often decided from
+    the survivors alone, before the top k are ranked). Otherwise the cut is taken from the sorted
+    cumulative sum, exactly as llama.cpp computes it. The few dozen values are handled in plain
+    Python: after a decode each numpy call costs more than its arithmetic.
     """
+    if floor != -math.inf:
+        found = _within_floor(row, groups, m, top_k, top_p, floor)
+        if found is not None:
+            return found
     keep, vals = _top_k(row, groups, top_k)
     if not top_p:
         if floor == -math.inf:
@@ -319,6 +324,35 @@ def _top_k_support(
     prefix = order[: _top_p_length(np.cumsum(z64[order]) / float(z64.sum()), top_p)]
     prefix = prefix[vals[prefix] >= floor]
     return keep[prefix], vals[prefix]
+
+
+def _within_floor(
+    row: np.ndarray, groups: _Groups, m: float, top_k: int, top_p: float, floor: float
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """top-k → top-p → min-p decided from min-p's survivors alone, when they suffice (most rows):
+    the ids >= floor, found in the few groups that reach it, without ranking the top k first.
+
+    When there are at most top_k of them they are the best of the top k; top-p then keeps them all
+    if the mass of all but the smallest stays below top_p of the top-k mass, of which their own mass
+    is a lower bound. One survivor always stays (top-p keeps at least one token). None: undecided.
+    """
+    reaching = (groups.max >= floor).nonzero()[0]
+    if reaching.shape[0] > top_k:  # each such group holds a survivor: more than top_k of them
+        return None
+    near = groups.ids(reaching)
+    vals = row[near]
+    survivors = (vals >= floor).nonzero()[0]
+    if survivors.shape[0] > top_k:
+        return None
+    keep, kept = near[survivors], vals[survivors]
+    if keep.shape[0] == 1 or not top_p:
+        return keep, kept
+    exp = math.exp
+    z = [exp(v - m) for v in kept.tolist()]
+    mass = sum(z)
+    if mass - min(z) < top_p * mass * (1 - _TOP_P_MARGIN):
+        return keep, kept
+    return None
 
 
 def _support(

@@ -94,6 +94,11 @@ def test_large_vocabulary_filters_and_bans_match_the_reference(n: int, rows: str
         if rows == "ties":
             x = np.round(x * 2) / 2
             x[rng.integers(n, size=60)] = x.max()  # more ids tie at the top than top-k keeps
+        if trial % 3 == 2:
+            # Twenty ids near the top that share one group of the candidate search (ids n // 32
+            # apart): more min-p survivors than top-k keeps, in fewer groups than top-k.
+            near_top = int(rng.integers(n // 32)) + np.arange(20) * (n // 32)
+            x[near_top] = x.max() - np.linspace(0.0, 0.5, 20)
         x = x.astype(np.float32)
         banned = tuple(int(t) for t in rng.integers(n, size=2))
         if trial % 2:
@@ -106,6 +111,7 @@ def test_large_vocabulary_filters_and_bans_match_the_reference(n: int, rows: str
             SamplingParams(temperature=1.0, top_k=40, top_p=0.5),
             SamplingParams(temperature=1.0, top_k=100, min_p=0.01),
             SamplingParams(temperature=1.0, top_k=40),
+            SamplingParams(temperature=1.0, top_k=5, top_p=0.95, min_p=0.05),
         ):
             want = reference_process(masked, params)
             got = distribution(x, replace(params, banned=banned)).dense()
