@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,14 @@ import pytest
 from support import SHARED_MODELS_DIR
 
 from specli.synth.fixtures import FixtureModels, build_fixture_models
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts background jobs with SIGINT ignored, children inherit that, and Python then
+    # installs no KeyboardInterrupt handler: the Ctrl-C tests would see the program run on. Handle
+    # SIGINT here as Python does, so the programs the tests start have the default disposition.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass(frozen=True)
