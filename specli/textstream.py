@@ -25,9 +25,9 @@ class TextStream:
     def push(self, event: TokenEvent) -> list[TokenEvent]:
         """Add one token's event; return the events now safe to release."""
         event.text = self._decoder.decode(self.model.token_bytes(event.token))
+        if not self.stop:  # nothing is ever held
+            return self._released([event])
         self._held.append(event)
-        if not self.stop:
-            return self._release(len(self._held))
         held_text = "".join(e.text for e in self._held)
         hits = [i for i in (held_text.find(s) for s in self.stop) if i >= 0]
         if hits:
