@@ -285,8 +285,18 @@ def _top_p_length(cum: np.ndarray, top_p: float) -> int:
     return max(1, min(cut, cum.shape[0]))
 
 
+class _MaskFirst(Exception):
+    """A banned id is among the top k whose mass top-p normalises by: mask the row, then filter."""
+
+
 def _top_k_support(
-    row: np.ndarray, groups: _Groups, m: float, top_k: int, top_p: float, floor: float
+    row: np.ndarray,
+    groups: _Groups,
+    m: float,
+    top_k: int,
+    top_p: float,
+    floor: float,
+    banned: frozenset[int] = frozenset(),
 ) -> tuple[np.ndarray, np.ndarray]:
     """top-k, then top-p over the survivors' mass (0: off), then min-p (floor: -inf when off).
 
@@ -296,12 +306,18 @@ def _top_k_support(
     the survivors alone, before the top k are ranked). Otherwise the cut is taken from the sorted
     cumulative sum, exactly as llama.cpp computes it. The few dozen values are handled in plain
     Python: after a decode each numpy call costs more than its arithmetic.
+
+    `banned`: ids the row was not masked for (see distribution). A banned id among the top k would
+    count in the mass top-p normalises by, so then _MaskFirst. Deciding from min-p's survivors is
+    unaffected (their own mass bounds the top-k mass from below, banned ids in it or not).
     """
     if floor != -math.inf:
         found = _within_floor(row, groups, m, top_k, top_p, floor)
         if found is not None:
             return found
     keep, vals = _top_k(row, groups, top_k)
+    if top_p and banned and not banned.isdisjoint(keep.tolist()):
+        raise _MaskFirst
     if not top_p:
         if floor == -math.inf:
             return keep, vals
@@ -356,7 +372,7 @@ def _within_floor(
 
 
 def _support(
-    row: np.ndarray, groups: _Groups, m: float, params: SamplingParams
+    row: np.ndarray, groups: _Groups, m: float, params: SamplingParams, banned: frozenset[int]
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The token ids surviving top-k/top-p/min-p (in no particular order) and their logits, or None
     when no filter is active (all)."""
@@ -368,7 +384,7 @@ def _support(
         return None
     floor = m + math.log(min_p) if min_p else -math.inf
     if top_k:
-        return _top_k_support(row, groups, m, top_k, top_p, floor)
+        return _top_k_support(row, groups, m, top_k, top_p, floor, banned)
     if not top_p:
         keep = _at_least(row, groups, floor)  # min-p alone: keep p >= min_p * p_max
         return keep, row[keep]
@@ -534,8 +550,9 @@ def mask_banned(rows: np.ndarray, banned: tuple[int, ...]) -> None:
 
 def _checks_banned_after(params: SamplingParams) -> bool:
     """Whether sampling with `params` looks at banned ids only after the fact (greedy, top-k): a
-    banned id changes the outcome only when it is among the winners, which is rare and cheap to
-    check, so rows need not be masked first."""
+    banned id changes the outcome only when it is among the winners (with top-p: among the top k,
+    whose mass top-p normalises by), which is rare and cheap to check, so rows need not be masked
+    first."""
     return params.greedy or params.top_k > 0
 
 
@@ -595,11 +612,15 @@ def distribution(logits: np.ndarray, params: SamplingParams, *, width: int | Non
     out_width = width or row.shape[0]
     if params.banned:
         if 0 < params.top_k < row.shape[0]:
-            # A banned id changes top-k's outcome only by being among the winners: check afterwards.
+            # A banned id changes top-k's outcome only by being among the winners (or, with top-p,
+            # among the top k: _MaskFirst): check afterwards.
             try:
-                dist = _distribution(row, params.unbanned, out_width)
-                if _banned_set(params.banned).isdisjoint(dist.ids.tolist()):
+                banned = _banned_set(params.banned)
+                dist = _distribution(row, params.unbanned, out_width, banned)
+                if banned.isdisjoint(dist.ids.tolist()):
                     return dist
+            except _MaskFirst:
+                pass
             except SamplingError:
                 pass  # perhaps a banned id's NaN or infinity: decide on the masked row
         row = _without_banned(row, params.banned)
@@ -611,14 +632,16 @@ def _banned_set(banned: tuple[int, ...]) -> frozenset[int]:
     return frozenset(banned)
 
 
-def _distribution(row: np.ndarray, params: SamplingParams, out_width: int) -> Dist:
+def _distribution(
+    row: np.ndarray, params: SamplingParams, out_width: int, banned: frozenset[int] = frozenset()
+) -> Dist:
     groups = _Groups(row)
     m = float(groups.max.max())
     _check_max(m)
     inv_t = 1.0 / params.temperature
     if not math.isfinite(inv_t * max(1.0, abs(m))):
         raise SamplingError(f"temperature {params.temperature:g} is too small to divide logits by")
-    support = _support(row, groups, m, params)
+    support = _support(row, groups, m, params, banned)
     if support is None:
         return Dist(None, row * np.float32(inv_t), out_width)
     keep, logits_kept = support

@@ -121,6 +121,24 @@ def test_large_vocabulary_filters_and_bans_match_the_reference(n: int, rows: str
         np.testing.assert_array_equal(x[list(banned)] > -np.inf, True)  # the row was not touched
 
 
+def test_a_banned_id_among_the_top_k_is_left_out_of_top_p_mass() -> None:
+    """A banned id that top-k would keep but min-p drops still counts in the top-k mass top-p
+    normalises by, unless it is masked first: llama.cpp masks first, so must we. Here the unmasked
+    mass keeps two tokens and the masked one keeps only the first."""
+    n = 262_144
+    x = np.full(n, -20.0, dtype=np.float32)
+    best, second, banned = 1000, 200_000, 77_777
+    x[best], x[second], x[banned] = 10.0, 10.0 + np.log(0.06), 10.0 + np.log(0.049)
+    params = SamplingParams(temperature=1.0, top_k=40, top_p=0.92, min_p=0.05)
+    masked = x.copy()
+    masked[banned] = -np.inf
+    want = reference_process(masked, params)
+    assert set(np.flatnonzero(want)) == {best}
+    got = distribution(x, replace(params, banned=(banned,))).dense()
+    assert set(np.flatnonzero(got)) == {best}
+    np.testing.assert_allclose(got, want, atol=2e-6)
+
+
 def test_process_logits_pads_and_cuts_to_target_width() -> None:
     logits = np.array([0.0, 1.0, 2.0, 3.0], dtype=np.float32)
     p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
