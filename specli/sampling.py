@@ -97,14 +97,14 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-_2_53 = 1.0 / (1 << 53)
+_2_53 = 1.0 / (1 << 53)  # 53 bits of a hash, as a uniform's step (_unit, Noise.gumbel_few)
 # Supports of up to this many ids draw their noise in plain Python (Noise.gumbel_few).
 _FEW = 24
 
 
 def _unit(bits: np.ndarray) -> np.ndarray:
     """Uniforms in the open interval (0, 1) from 53 of the bits."""
-    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * _2_53
 
 
 # What a random number is for: independent families, so no draw is ever reused for another purpose.
@@ -326,9 +326,6 @@ def _top_k_support(
     values = vals.tolist()
     exp = math.exp
     z_survivors = [exp(v - m) for v in values if v >= floor]
-    if len(z_survivors) == 1:  # the usual case: one token within min-p of the top
-        top = values.index(max(values))
-        return keep[top : top + 1], vals[top : top + 1]
     total = sum([exp(v - m) for v in values])
     if sum(z_survivors) - min(z_survivors) < top_p * total * (1 - _TOP_P_MARGIN):
         if len(z_survivors) == len(values):
@@ -619,10 +616,8 @@ def distribution(logits: np.ndarray, params: SamplingParams, *, width: int | Non
                 dist = _distribution(row, params.unbanned, out_width, banned)
                 if banned.isdisjoint(dist.ids.tolist()):
                     return dist
-            except _MaskFirst:
-                pass
-            except SamplingError:
-                pass  # perhaps a banned id's NaN or infinity: decide on the masked row
+            except (_MaskFirst, SamplingError):
+                pass  # a banned id counts in top-p's mass, or its NaN or infinity: use the masked row
         row = _without_banned(row, params.banned)
     return _distribution(row, params.unbanned, out_width)
 
