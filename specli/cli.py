@@ -473,6 +473,18 @@ def models_check(
             raise typer.Exit(1)
 
 
+def _demo_writer():
+    """The demo pair's writer, from specli-synth (not part of the runtime package)."""
+    try:
+        from specli_synth.demo import DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
+    except ImportError:
+        raise UsageProblem(
+            "the demo pair is written by specli-synth, which is not installed: run `pip install ./synth` "
+            "in specli's repository (or install specli with its [demo] extra)"
+        ) from None
+    return DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
+
+
 @app.command("demo-models")
 def demo_models(
     directory: Path = typer.Argument(Path("demo-models"), help="Where to write the pair."),
@@ -481,10 +493,9 @@ def demo_models(
     """Write a realistic-shaped demo pair (target ~ Qwen2-0.5B in shape, draft ~15x cheaper), offline."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specli.synth.demo import DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
-
     err = make_console(stderr=True)
     with friendly_errors():
+        DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair = _demo_writer()
         target, draft = directory / DEMO_TARGET_FILE, directory / DEMO_DRAFT_FILE
         if target.is_file() and draft.is_file() and not force:
             err.print(Text(f"demo pair already in {directory} (use --force to rebuild)"))
@@ -515,8 +526,8 @@ def demo(
     ),
 ) -> None:
     """Build the demo pair if needed, then show `specli run` on it: the live view in one command."""
-    from specli.synth.demo import DEMO_DRAFT_FILE, DEMO_TARGET_FILE
-
+    with friendly_errors():
+        DEMO_DRAFT_FILE, DEMO_TARGET_FILE, _ = _demo_writer()
     if not (directory / DEMO_TARGET_FILE).is_file() or not (directory / DEMO_DRAFT_FILE).is_file():
         demo_models(directory, force=False)
     target, draft = str(directory / DEMO_TARGET_FILE), str(directory / DEMO_DRAFT_FILE)

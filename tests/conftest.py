@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import SHARED_MODELS_DIR
 
-from specli.synth.fixtures import FixtureModels, build_fixture_models
+from specli_synth.fixtures import FixtureModels, build_fixture_models
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,9 +85,9 @@ def eos_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     emit EOS, nor does the real pair within hundreds of tokens."""
     import numpy as np
 
-    from specli.synth.fixtures import FIXTURE_N_VOCAB, fixture_documents
-    from specli.synth.gguf_writer import LlamaSpec, write_llama_gguf
-    from specli.synth.vocab import train_vocab
+    from specli_synth.fixtures import FIXTURE_N_VOCAB, fixture_documents
+    from specli_synth.gguf_writer import LlamaSpec, write_llama_gguf
+    from specli_synth.vocab import train_vocab
 
     vocab = train_vocab(fixture_documents(), FIXTURE_N_VOCAB).vocab
     spec = LlamaSpec(n_vocab=len(vocab.tokens), n_embd=32, n_layer=1, n_head=2, n_head_kv=2, n_ff=64,

@@ -26,9 +26,9 @@ from specli.chat.session import TRIM_TO, ChatError, ChatOptions, ChatSession, Co
 from specli.chat_template import ChatTemplate
 from specli.cli import app
 from specli.events import DoneEvent, PromptEvent, TokenEvent
-from specli.synth.fixtures import FIXTURE_N_VOCAB, fixture_documents
-from specli.synth.gguf_writer import LlamaSpec, write_llama_gguf
-from specli.synth.vocab import TOKEN_TYPE_CONTROL, Vocab, train_vocab
+from specli_synth.fixtures import FIXTURE_N_VOCAB, fixture_documents
+from specli_synth.gguf_writer import LlamaSpec, write_llama_gguf
+from specli_synth.vocab import TOKEN_TYPE_CONTROL, Vocab, train_vocab
 
 GREEDY = ChatOptions(temperature=0.0, max_tokens=24, draft_max=3, history=False)
 

@@ -9,7 +9,7 @@ import pytest
 from specli.chat.session import build_chat_template
 from specli.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from specli.llama import Model, ModelOptions
-from specli.synth.fixtures import FIXTURE_CHAT_TEMPLATE
+from specli_synth.fixtures import FIXTURE_CHAT_TEMPLATE
 
 # --- Real-world templates, as shipped in the models' tokenizer_config.json / GGUF metadata ---
 

@@ -310,7 +310,7 @@ def test_models_check_reports_an_incompatible_pair(fixture_models, in_empty_dir)
 def test_demo_runs_the_pair_it_finds(fixture_models, in_empty_dir) -> None:
     """`specli demo` on a directory that already holds a pair (the fixture pair under the demo's file
     names, so nothing is built): it runs `specli run` on it with a fixed k and --show-rejected."""
-    from specli.synth.demo import DEMO_DRAFT_FILE, DEMO_TARGET_FILE
+    from specli_synth.demo import DEMO_DRAFT_FILE, DEMO_TARGET_FILE
 
     pair = in_empty_dir / "pair"
     pair.mkdir()
@@ -337,9 +337,9 @@ def utf8_model(tmp_path_factory) -> Path:
     embedding points at one direction, and the output rows map that direction to the next token."""
     import numpy as np
 
-    from specli.synth.fixtures import FIXTURE_N_VOCAB, fixture_documents
-    from specli.synth.gguf_writer import LlamaSpec, write_llama_gguf
-    from specli.synth.vocab import train_vocab
+    from specli_synth.fixtures import FIXTURE_N_VOCAB, fixture_documents
+    from specli_synth.gguf_writer import LlamaSpec, write_llama_gguf
+    from specli_synth.vocab import train_vocab
 
     vocab = train_vocab(fixture_documents(), FIXTURE_N_VOCAB).vocab
     c3, a9 = vocab.tokens.index("<0xC3>"), vocab.tokens.index("<0xA9>")

@@ -1,5 +1,5 @@
 """Hybrid (recurrent + attention) models on real llama.cpp inference: LFM2 fixtures written by
-specli.synth.hybrid. Rollback through llama.cpp's n_rs_seq state snapshots (targets) and state
+specli_synth.hybrid. Rollback through llama.cpp's n_rs_seq state snapshots (targets) and state
 checkpoints (drafts), greedy equality with plain decoding, the sampling distribution, the rollback
 bound, the refusal, and interrupts at any point."""
 
@@ -21,7 +21,7 @@ from specli.engine import SpeculativeEngine
 from specli.events import RoundEvent
 from specli.llama import Model, ModelOptions, RollbackError
 from specli.sampling import process_logits
-from specli.synth.hybrid import HybridFixtureModels, build_hybrid_fixture_models
+from specli_synth.hybrid import HybridFixtureModels, build_hybrid_fixture_models
 
 PROMPT = "Once upon a time"
 GREEDY = SamplingParams(temperature=0.0)
@@ -148,7 +148,7 @@ def test_greedy_speculative_equals_plain_greedy(hybrid_models, fixture_models, p
     target = targets[pair.split("+")[0]]
     drafts = {"llama": fixture_models.draft, "hybrid": hybrid_models.draft, "ngram": "ngram"}
     draft = drafts[pair.split("+")[1]]
-    # The synthetic Qwen3.5 turns NaN from position 33 on (see specli.synth.hybrid): short generations.
+    # The synthetic Qwen3.5 turns NaN from position 33 on (see specli_synth.hybrid): short generations.
     n = 24 if pair.startswith("qwen35") else 60
     expected = plain_greedy(target, PROMPT, n)
     with load(target, draft, n_ctx=512, n_threads=1) as spec:

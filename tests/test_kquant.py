@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from specli.llama import Model, ModelOptions
-from specli.synth.fixtures import FIXTURE_TARGET, fixture_vocab
-from specli.synth.ngram_model import write_ngram_model
+from specli_synth.fixtures import FIXTURE_TARGET, fixture_vocab
+from specli_synth.ngram_model import write_ngram_model
 
 BATCH = 9  # a verify of k = 8 drafts
 TEXT = "The old lighthouse stood at the end of a narrow stone pier, where the river met the sea and the"

@@ -1,5 +1,5 @@
 """`--draft mtp`: self-drafting from the target's own MTP (NextN) block, on real llama.cpp inference
-over a tiny Qwen3.5 with one MTP block written by specli.synth.mtp. Greedy and seeded output equal
+over a tiny Qwen3.5 with one MTP block written by specli_synth.mtp. Greedy and seeded output equal
 plain decoding, the MTP context's rollback, and the refusal on a model without MTP layers."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from support import null_tv_threshold, plain_greedy, tv
 from specli import GenerationParams, SamplingParams, load
 from specli.llama import LlamaError, Model, ModelOptions, MTPContext
 from specli.sampling import process_logits
-from specli.synth.mtp import build_mtp_fixture
+from specli_synth.mtp import build_mtp_fixture
 
 PROMPTS = ("Once upon a time", "The function returns")
 GREEDY = SamplingParams(temperature=0.0)

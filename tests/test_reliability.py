@@ -31,9 +31,9 @@ from support import write_gguf
 from specli import GenerationParams, SamplingParams, TokenEvent, load
 from specli import llama as specli_llama
 from specli.gguf_info import read_gguf_info
-from specli.synth.fixtures import FIXTURE_TARGET, fixture_vocab
-from specli.synth.ngram_model import write_ngram_model
-from specli.synth.vocab import Vocab
+from specli_synth.fixtures import FIXTURE_TARGET, fixture_vocab
+from specli_synth.ngram_model import write_ngram_model
+from specli_synth.vocab import Vocab
 
 PROMPT = "Once upon a time"
 EXE = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))

@@ -1,4 +1,4 @@
-"""specli.synth: the synthetic GGUF models load in llama.cpp, tokenize like SentencePiece, decode
+"""specli_synth: the synthetic GGUF models load in llama.cpp, tokenize like SentencePiece, decode
 deterministically, are not degenerate, and the draft agrees with the target only partly."""
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 from support import PROMPT, plain_greedy
 
-from specli.synth import demo, fixtures  # noqa: E402
-from specli.synth.demo import DemoConfig, build_demo_pair  # noqa: E402
-from specli.synth.fixtures import (  # noqa: E402
+from specli_synth import demo, fixtures  # noqa: E402
+from specli_synth.demo import DemoConfig, build_demo_pair  # noqa: E402
+from specli_synth.fixtures import (  # noqa: E402
     FIXTURE_CHAT_TEMPLATE,
     FIXTURE_N_VOCAB,
     FIXTURE_TARGET,
     build_fixture_pair,
     fixture_vocab,
 )
-from specli.synth.gguf_writer import LlamaSpec, write_llama_gguf  # noqa: E402
-from specli.synth.ngram_model import SynthModelConfig, write_ngram_model  # noqa: E402
-from specli.synth.ngram_stats import ngram_factors  # noqa: E402
-from specli.synth.vocab import TOKEN_TYPE_BYTE, Vocab, train_vocab  # noqa: E402
+from specli_synth.gguf_writer import LlamaSpec, write_llama_gguf  # noqa: E402
+from specli_synth.ngram_model import SynthModelConfig, write_ngram_model  # noqa: E402
+from specli_synth.ngram_stats import ngram_factors  # noqa: E402
+from specli_synth.vocab import TOKEN_TYPE_BYTE, Vocab, train_vocab  # noqa: E402
 
 
 def load(path: Path, n_ctx: int = 512) -> llama_cpp.Llama:

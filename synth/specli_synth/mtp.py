@@ -8,7 +8,7 @@ decoder block with three extra tensors, ``nextn.eh_proj`` (2·d → d over [enor
 hnorm(h_{p-1})]), ``nextn.enorm`` and ``nextn.hnorm``; it shares the trunk's embedding, final norm and
 output head (``src/models/qwen35.cpp``, ``graph_mtp``).
 
-The trunk is :func:`specli.synth.hybrid.write_ngram_qwen35`'s (bigram statistics, random blocks). The
+The trunk is :func:`specli_synth.hybrid.write_ngram_qwen35`'s (bigram statistics, random blocks). The
 MTP block is structured so that it predicts what the target will predict one step later: eh_proj
 passes the token's embedding through (the target's logits are mostly the bigram of its last token)
 and adds a little of h, its attention and feed-forward add small random terms (so its KV cache and
@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from specli.synth.fixtures import FIXTURE_TARGET, fixture_vocab
-from specli.synth.gguf_writer import WeightDType
-from specli.synth.hybrid import Qwen35Spec, _write_gguf, add_qwen35_keys, ngram_qwen35_weights
-from specli.synth.ngram_model import SynthModelConfig, random_matrix
-from specli.synth.vocab import TrainedVocab
+from specli_synth.fixtures import FIXTURE_TARGET, fixture_vocab
+from specli_synth.gguf_writer import WeightDType
+from specli_synth.hybrid import Qwen35Spec, _write_gguf, add_qwen35_keys, ngram_qwen35_weights
+from specli_synth.ngram_model import SynthModelConfig, random_matrix
+from specli_synth.vocab import TrainedVocab
 
 
 def mtp_tensor_shapes(spec: Qwen35Spec) -> dict[str, tuple[int, ...]]:

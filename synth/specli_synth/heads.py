@@ -1,7 +1,7 @@
 """Attention heads built by hand: weights of one layer's q/k/v/output projections that make llama.cpp's
 attention do one job (copy a previous token's dims, attend uniformly, match the last two tokens).
 
-Used by :func:`specli.synth.ngram_model.ngram_llama_weights`, whose docstring says which layer does what.
+Used by :func:`specli_synth.ngram_model.ngram_llama_weights`, whose docstring says which layer does what.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specli.synth.gguf_writer import LlamaSpec
+from specli_synth.gguf_writer import LlamaSpec
 
 if TYPE_CHECKING:  # only for annotations: ngram_model imports this module
-    from specli.synth.ngram_model import SynthModelConfig
+    from specli_synth.ngram_model import SynthModelConfig
 
 
 def copy_head(

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from specli.synth.gguf_writer import WeightDType
-from specli.synth.ngram_model import SynthModelConfig, write_ngram_model
-from specli.synth.vocab import TrainedVocab, Vocab, train_vocab
+from specli_synth.gguf_writer import WeightDType
+from specli_synth.ngram_model import SynthModelConfig, write_ngram_model
+from specli_synth.vocab import TrainedVocab, Vocab, train_vocab
 
 # A small original story: the training text of the fixture vocabulary and bigram statistics.
 FIXTURE_TEXT = """\

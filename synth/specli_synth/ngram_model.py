@@ -3,7 +3,7 @@
 
 :class:`SynthModelConfig` says how big a model is and how the statistics and the noise go into it;
 :func:`ngram_llama_weights` builds the weights (embedding/output matrices carry the factors exactly,
-through llama.cpp's RMS norms; hand-built heads from :mod:`specli.synth.heads` supply the context terms;
+through llama.cpp's RMS norms; hand-built heads from :mod:`specli_synth.heads` supply the context terms;
 every other block has small random weights: realistic compute, a little noise);
 :func:`write_ngram_model` counts, factors and writes one model of a learned vocabulary.
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.synth.gguf_writer import LlamaSpec, ProgressCallback, WeightDType, write_llama_gguf
-from specli.synth.heads import copy_head, induction_head, previous_token_query_key
-from specli.synth.ngram_stats import NgramFactors, ngram_factors
-from specli.synth.vocab import TrainedVocab
+from specli_synth.gguf_writer import LlamaSpec, ProgressCallback, WeightDType, write_llama_gguf
+from specli_synth.heads import copy_head, induction_head, previous_token_query_key
+from specli_synth.ngram_stats import NgramFactors, ngram_factors
+from specli_synth.vocab import TrainedVocab
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Token statistics as low-rank factors: bigram and skip-bigram log-ratios by a truncated SVD.
 
 :func:`ngram_factors` turns documents of token ids into :class:`NgramFactors`, the next-token logits
-that :mod:`specli.synth.ngram_model` builds into a llama model's embedding and output matrices.
+that :mod:`specli_synth.ngram_model` builds into a llama model's embedding and output matrices.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 Qwen3.5 (gated delta-net + gated attention).
 
 No hybrid GGUF can be downloaded in the test environment, so the tests write tiny deterministic LFM2
-models with the fixture vocabulary of :mod:`specli.synth.fixtures`. The weights carry the same token
+models with the fixture vocabulary of :mod:`specli_synth.fixtures`. The weights carry the same token
 statistics as the llama fixtures, so a llama fixture drafts for an LFM2 target (and the other way
 round) with partial acceptance:
 
-* embedding, final norm and output rows are those of :func:`specli.synth.ngram_model.ngram_llama_weights`
+* embedding, final norm and output rows are those of :func:`specli_synth.ngram_model.ngram_llama_weights`
   (bigram + skip-bigram + unigram logits, minus a repetition penalty);
 * layer 0 is a short convolution that copies the *previous* token's skip-bigram factors into the slot
   the output reads (what the llama fixture's RoPE previous-token head does). Its recurrent state (the
@@ -30,10 +30,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from specli.synth.fixtures import FIXTURE_DRAFT, FIXTURE_TARGET, fixture_vocab, reseed
-from specli.synth.gguf_writer import WeightDType, add_spm_vocab, llama_ftype, write_tensors
-from specli.synth.ngram_model import SynthModelConfig, config_factors, ngram_llama_weights, random_matrix
-from specli.synth.vocab import TrainedVocab, Vocab
+from specli_synth.fixtures import FIXTURE_DRAFT, FIXTURE_TARGET, fixture_vocab, reseed
+from specli_synth.gguf_writer import WeightDType, add_spm_vocab, llama_ftype, write_tensors
+from specli_synth.ngram_model import SynthModelConfig, config_factors, ngram_llama_weights, random_matrix
+from specli_synth.vocab import TrainedVocab, Vocab
 
 LayerKind = Literal["conv", "attn"]
 
@@ -112,7 +112,7 @@ def write_lfm2_gguf(
 
     1-D tensors and the convolution kernels are stored as F32 (llama.cpp's ssm_conv wants F32),
     other matrices as *dtype*. The vocabulary is written as
-    :func:`specli.synth.gguf_writer.write_llama_gguf` writes it.
+    :func:`specli_synth.gguf_writer.write_llama_gguf` writes it.
     """
 
     def keys(writer: Any, arch: str) -> None:

@@ -11,9 +11,9 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from specli.synth.gguf_writer import ProgressCallback, WeightDType
-from specli.synth.ngram_model import SynthModelConfig, counted_factors, write_ngram_model
-from specli.synth.vocab import train_vocab
+from specli_synth.gguf_writer import ProgressCallback, WeightDType
+from specli_synth.ngram_model import SynthModelConfig, counted_factors, write_ngram_model
+from specli_synth.vocab import train_vocab
 
 _DOCSTRING_RE = re.compile(r'(?:^|[=(\s])[rRuU]?"""(.*?)"""', re.S)
 _COMMENT_BLOCK_RE = re.compile(r"(?:^[ \t]*#[^\n]*\n)+", re.M)  # runs of whole-line comments

@@ -1,9 +1,9 @@
 """Writing llama-architecture GGUF files that llama.cpp loads, from numpy weights.
 
-:func:`write_llama_gguf` takes a :class:`LlamaSpec` (hyperparameters), a :class:`~specli.synth.vocab.Vocab`
+:func:`write_llama_gguf` takes a :class:`LlamaSpec` (hyperparameters), a :class:`~specli_synth.vocab.Vocab`
 and a mapping of tensor name to numpy array, or to a zero-argument callable returning one (big models are
 then generated and written one tensor at a time). The helpers below it (tensor encodings, the vocabulary
-keys, writing the tensors under a temporary name) are shared with :mod:`specli.synth.hybrid`.
+keys, writing the tensors under a temporary name) are shared with :mod:`specli_synth.hybrid`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from specli.synth.vocab import Vocab
+from specli_synth.vocab import Vocab
 
 ProgressCallback = Callable[[str, float], None]
 """``progress(stage, fraction)``: *stage* is a short human-readable label, *fraction* in [0, 1]."""
