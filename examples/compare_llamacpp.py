@@ -46,7 +46,7 @@ from _bench_common import GEMMA_HINT, find_tool, gemma_path, tools_dir  # noqa: 
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
 from specli.api import Speculator  # noqa: E402
-from specli.sampling import DEFAULT_SAMPLING  # noqa: E402
+from specli.settings import DEFAULT_SAMPLING  # noqa: E402
 
 PLAIN_PROMPT = "The history of the city begins"
 

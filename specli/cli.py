@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,33 +12,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from specli.drafters.registry import draft_help
 from specli.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageProblem, friendly_errors
 from specli.events import TokenEvent
-from specli.options import (
-    DEFAULT_MIN_P,
-    DEFAULT_TEMPERATURE,
-    DEFAULT_TOP_K,
-    DEFAULT_TOP_P,
-    parse_draft_max,
-    valid_text,
-)
-from specli.runplan import (
-    check_ngram,
-    generation_params,
-    load_plan,
-    plan_models,
-    read_prompt,
-    validated,
-)
+from specli.runplan import Plan, load_run, plan_run, read_prompt, validated
+from specli.settings import FLAGS, SETTINGS, defaults_for, parse_updates, valid_text
 from specli.ui.console import make_console
 
 if TYPE_CHECKING:
+    from specli.api import Speculator
     from specli.engine import Generation
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    rich_markup_mode="rich",
+    # Plain help (click's layout): typer's rich panels label every flag "<bool>".
+    rich_markup_mode=None,
     help="Speculative decoding for local GGUF models: a small draft proposes, the target verifies, "
     "the output distribution is the target's own.",
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -47,57 +35,68 @@ app = typer.Typer(
 
 
 # -- shared option definitions (one place, so run/bench/chat agree) ---------------------------------------
+# A setting's flag defaults to None ("not given"): its default, range and help are specli.settings', and
+# its value is checked there, by the same rules as models.toml and chat's slash commands.
+
+_METAVARS = {"float": "FLOAT", "int": "INT", "k": "N|auto", "seed": "INT", "stops": "TEXT"}
+
+
+def _shown(value: object) -> str:
+    return "random" if value is None else str(value)
+
+
+def setting_option(name: str, *decls: str, command: str = "run", help: str | None = None) -> object:
+    """The flag of setting `name`, showing `command`'s default."""
+    setting = SETTINGS[name]
+    text = help or setting.help
+    if setting.kind == "bool":
+        return typer.Option(None, *decls, help=text, show_default=False)
+    default = getattr(defaults_for(command), name)
+    if setting.kind != "stops":
+        text += f" [default: {_shown(default)}]"
+    return typer.Option(None, *(decls or (setting.flag,)), metavar=_METAVARS[setting.kind], help=text,
+                        show_default=False)
+
+
+def given_settings(context: typer.Context) -> dict:
+    """The settings typed on the command line, checked (SettingError naming the flag)."""
+    raw = {n: v for n, v in context.params.items() if n in SETTINGS}
+    if raw.get("stop") is not None and len(raw["stop"]) == 0:
+        raw["stop"] = None
+    return parse_updates(raw, FLAGS)
+
 
 TargetOpt = typer.Option(..., "--target", "-m", help="Target model: a .gguf path or a models.toml name.")
-DraftOpt = typer.Option(
-    None,
-    "--draft",
-    "-md",
-    help="Draft: a .gguf path, a models.toml name, 'ngram' (prompt lookup, no model) or 'mtp' (the "
-    "target's own MTP layers).",
-)
+DraftOpt = typer.Option(None, "--draft", "-md", help=draft_help())
 NoDraftOpt = typer.Option(
     False, "--no-draft", help="Plain target decoding through the same code path (baseline)."
-)
-MaxTokensOpt = typer.Option(256, "-n", "--max-tokens", min=1, help="Tokens to generate at most.")
-DraftMaxOpt = typer.Option(
-    "auto", "-k", "--draft-max",
-    help="Tokens drafted per round (0..64), or 'auto': chosen from measured costs and draft confidence.",
-)
-DraftPMinOpt = typer.Option(
-    0.0,
-    "--draft-p-min",
-    min=0.0,
-    max=1.0,
-    help="Stop drafting in a round when the draft's top probability falls below P.",
 )
 NgramOpt = typer.Option(
     False, "--ngram", help="With a draft model: use n-gram matches first (combined drafting)."
 )
-TempOpt = typer.Option(DEFAULT_TEMPERATURE, "--temp", min=0.0, help="Temperature; 0 is greedy.")
-TopKOpt = typer.Option(DEFAULT_TOP_K, "--top-k", min=0, help="Keep the k most likely tokens (0: off).")
-TopPOpt = typer.Option(
-    DEFAULT_TOP_P, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass, in (0, 1] (1: off)."
-)
-MinPOpt = typer.Option(
-    DEFAULT_MIN_P, "--min-p", min=0.0, max=1.0, help="Drop tokens below P × the top probability (0: off)."
-)
-SeedOpt = typer.Option(
-    None, "-s", "--seed", help="Random seed (default or -1: random; the one used is in --json)."
-)
-SameAsPlainOpt = typer.Option(
-    True,
-    "--same-as-plain/--no-same-as-plain",
-    help="Accept a draft token only where it equals the target's own draw, so a seeded run prints exactly "
-    "what --no-draft prints (default). --no-same-as-plain: the classic rejection rule, higher acceptance "
-    "with a draft model, same distribution, but not plain's tokens.",
-)
-CtxOpt = typer.Option(4096, "-c", "--ctx", min=16, help="Context size in tokens.")
-ThreadsOpt = typer.Option(0, "-t", "--threads", min=0, help="CPU threads (0: one per core).")
-GpuLayersOpt = typer.Option(
-    0, "-ngl", "--gpu-layers", min=0, help="Layers to offload to the GPU (Metal/CUDA builds)."
-)
+DraftPMinOpt = setting_option("draft_p_min")
+TempOpt = setting_option("temp")
+TopKOpt = setting_option("top_k")
+TopPOpt = setting_option("top_p")
+MinPOpt = setting_option("min_p")
+SeedOpt = setting_option("seed", "-s", "--seed")
+SameAsPlainOpt = setting_option("same_as_plain", "--same-as-plain/--no-same-as-plain")
+ThreadsOpt = setting_option("threads", "-t", "--threads")
+GpuLayersOpt = setting_option("gpu_layers", "-ngl", "--gpu-layers")
 VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's own log.")
+ConfigOpt = typer.Option(None, "--config", help="models.toml to look names up in.")
+
+
+def _load(plan: Plan, *, verbose: bool, err: Console) -> Speculator:
+    """Load the plan's models under a status line, and say what the user should know about them."""
+    for note in plan.notes:
+        err.print(Text.assemble(("note: ", "yellow"), note))
+    what = plan.target.name + (f" + {Path(plan.draft).name}" if plan.draft else "")
+    with err.status(Text(f"loading {what}")):
+        spec, notes = load_run(plan, verbose=verbose)
+    for note in notes:
+        err.print(Text.assemble(("note: ", "yellow"), note), soft_wrap=True)  # one line, also on a pipe
+    return spec
 
 
 @app.callback()
@@ -117,44 +116,37 @@ def run(
     target: str = TargetOpt,
     draft: str | None = DraftOpt,
     no_draft: bool = NoDraftOpt,
-    max_tokens: int = MaxTokensOpt,
-    draft_max: str = DraftMaxOpt,
-    draft_p_min: float = DraftPMinOpt,
+    max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens"),
+    draft_max: str | None = setting_option("draft_max", "-k", "--draft-max"),
+    draft_p_min: str | None = DraftPMinOpt,
     ngram: bool = NgramOpt,
-    temp: float = TempOpt,
-    top_k: int = TopKOpt,
-    top_p: float = TopPOpt,
-    min_p: float = MinPOpt,
-    seed: int | None = SeedOpt,
-    same_as_plain: bool = SameAsPlainOpt,
-    ctx: int = CtxOpt,
-    threads: int = ThreadsOpt,
-    gpu_layers: int = GpuLayersOpt,
-    stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
-    ignore_eos: bool = typer.Option(
-        False, "--ignore-eos", help="Never stop at end-of-text: generate -n tokens."
-    ),
+    temp: str | None = TempOpt,
+    top_k: str | None = TopKOpt,
+    top_p: str | None = TopPOpt,
+    min_p: str | None = MinPOpt,
+    seed: str | None = SeedOpt,
+    same_as_plain: bool | None = SameAsPlainOpt,
+    ctx: str | None = setting_option("ctx", "-c", "--ctx"),
+    threads: str | None = ThreadsOpt,
+    gpu_layers: str | None = GpuLayersOpt,
+    stop: list[str] | None = setting_option("stop"),
+    ignore_eos: bool | None = setting_option("ignore_eos", "--ignore-eos"),
     show_rejected: bool = typer.Option(
         False, "--show-rejected", help="Show rejected drafts, struck through."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object: text, tokens, stats."),
     verbose: bool = VerboseOpt,
-    config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
+    config: Path | None = ConfigOpt,
 ) -> None:
     """Generate a continuation of PROMPT, showing which tokens the draft got right."""
     out = make_console()
     err = make_console(stderr=True)
     with friendly_errors():
-        parse_draft_max(draft_max)
-        for s in stop:
-            valid_text(s, "--stop")
+        flags = given_settings(context)
         text = read_prompt(prompt)
-        plan = plan_models(context, target, draft, no_draft=no_draft, config=config)
-        check_ngram(ngram, plan.draft)
-        params = replace(
-            generation_params(plan.values, tuple(stop)), ignore_eos=ignore_eos, same_as_plain=same_as_plain
-        )
-        spec = load_plan(plan, ngram=ngram, draft_p_min=draft_p_min, verbose=verbose, err=err)
+        plan = plan_run("run", target, draft, no_draft=no_draft, ngram=ngram, config=config, flags=flags)
+        params = plan.settings.generation_params()
+        spec = _load(plan, verbose=verbose, err=err)
         with spec:
             prompt_tokens = spec.tokenize(text)
             if len(prompt_tokens) >= spec.target.n_ctx:
@@ -240,25 +232,28 @@ def bench(
     k: str = typer.Option("1,2,4,8", "-k", "--draft-max", help="Draft lengths to compare, e.g. 1,2,4,auto."),
     temps: str = typer.Option("0,0.7,1.0", "--temp", help="Temperatures to compare, e.g. 0,0.7,1.0."),
     prompts: Path | None = typer.Option(None, "--prompts", help="Your prompts: one per line, or JSONL."),
-    max_tokens: int = typer.Option(128, "-n", "--max-tokens", min=1, help="Tokens per run."),
+    max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="bench",
+                                            help="Tokens per run."),
     repeat: int = typer.Option(3, "--repeat", min=1, help="Interleaved plain/speculative pairs per prompt."),
-    draft_p_min: float = DraftPMinOpt,
+    draft_p_min: str | None = DraftPMinOpt,
     ngram: bool = NgramOpt,
-    top_k: int = TopKOpt,
-    top_p: float = TopPOpt,
-    min_p: float = MinPOpt,
-    seed: int = typer.Option(0, "-s", "--seed", help="Seed of the first pair (pairs share a seed)."),
-    same_as_plain: bool = SameAsPlainOpt,
-    ctx: int = typer.Option(2048, "-c", "--ctx", min=16, help="Context size in tokens."),
-    threads: int = ThreadsOpt,
-    gpu_layers: int = GpuLayersOpt,
-    ignore_eos: bool = typer.Option(
-        True, "--ignore-eos/--stop-at-eos", help="Generate exactly -n tokens per run (as llama-bench)."
+    top_k: str | None = TopKOpt,
+    top_p: str | None = TopPOpt,
+    min_p: str | None = MinPOpt,
+    seed: str | None = setting_option("seed", "-s", "--seed", command="bench",
+                                      help="Seed of the first pair (pairs share a seed; -1: random)."),
+    same_as_plain: bool | None = SameAsPlainOpt,
+    ctx: str | None = setting_option("ctx", "-c", "--ctx", command="bench"),
+    threads: str | None = ThreadsOpt,
+    gpu_layers: str | None = GpuLayersOpt,
+    ignore_eos: bool | None = setting_option(
+        "ignore_eos", "--ignore-eos/--stop-at-eos", command="bench",
+        help="Generate exactly -n tokens per run, as llama-bench (default), or stop at end-of-text.",
     ),
     json_path: Path | None = typer.Option(None, "--json", help="Write every figure to this JSON file."),
     csv_path: Path | None = typer.Option(None, "--csv", help="Write one row per run to this CSV file."),
     verbose: bool = VerboseOpt,
-    config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
+    config: Path | None = ConfigOpt,
 ) -> None:
     """Does speculation pay here? Plain and speculative runs, interleaved, side by side."""
     from specli import llama
@@ -273,37 +268,23 @@ def bench(
         # Output paths first: a result is never measured only to be lost on a bad path.
         outputs = [(_output_path(p, opt), writer) for p, opt, writer in
                    ((json_path, "--json", write_json), (csv_path, "--csv", write_csv)) if p is not None]
-        plan = plan_models(context, target, draft, no_draft=False, config=config)
+        flags = given_settings(context)
+        ks, temperatures = parse_k_list(k), parse_temp_list(temps)
+        plan = plan_run("bench", target, draft, ngram=ngram, config=config, flags=flags)
         if plan.draft is None:
             raise UsageProblem("bench compares against a drafter: give --draft (a model, or 'ngram')")
         if plan.draft == "mtp":
             raise UsageProblem("bench does not run --draft mtp yet: compare with `specli run --json`")
-        check_ngram(ngram, plan.draft)
         llama.set_verbose(verbose)
-        v = plan.values
-        if v.get("seed") is None:
-            import secrets
-
-            v["seed"] = secrets.randbelow(2**31)
         cfg = BenchConfig(
             target=plan.target,
             draft=plan.draft,
-            ks=parse_k_list(k),
-            temps=parse_temp_list(temps),
+            ks=ks,
+            temps=temperatures,
             prompts=load_prompts(prompts) if prompts else None,
-            max_tokens=max_tokens,
             repeat=repeat,
-            n_ctx=v["ctx"],
-            n_threads=v["threads"],
-            n_gpu_layers=v["gpu_layers"],
-            seed=v["seed"],
-            same_as_plain=same_as_plain,
-            top_k=v["top_k"],
-            top_p=v["top_p"],
-            min_p=v["min_p"],
-            draft_p_min=draft_p_min,
+            settings=plan.settings.seeded(),
             ngram=ngram,
-            ignore_eos=ignore_eos,
         )
         with bench_progress(err) as progress:
             result = run_bench(cfg, progress=progress)
@@ -346,19 +327,23 @@ def chat(
     draft: str | None = DraftOpt,
     no_draft: bool = NoDraftOpt,
     system: str | None = typer.Option(None, "--system", help="The system message."),
-    max_tokens: int = typer.Option(512, "-n", "--max-tokens", min=1, help="Tokens per reply at most."),
-    draft_max: str = DraftMaxOpt,
-    draft_p_min: float = DraftPMinOpt,
+    max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="chat",
+                                            help="Tokens per reply at most."),
+    draft_max: str | None = setting_option("draft_max", "-k", "--draft-max", command="chat"),
+    draft_p_min: str | None = DraftPMinOpt,
     ngram: bool = NgramOpt,
-    temp: float = TempOpt,
-    top_k: int = TopKOpt,
-    top_p: float = TopPOpt,
-    min_p: float = MinPOpt,
-    seed: int | None = SeedOpt,
-    same_as_plain: bool = SameAsPlainOpt,
-    ctx: int = CtxOpt,
-    threads: int = ThreadsOpt,
-    gpu_layers: int = GpuLayersOpt,
+    temp: str | None = TempOpt,
+    top_k: str | None = TopKOpt,
+    top_p: str | None = TopPOpt,
+    min_p: str | None = MinPOpt,
+    seed: str | None = setting_option(
+        "seed", "-s", "--seed", command="chat",
+        help="Random seed of the first reply (reply i uses seed + i; -1: random).",
+    ),
+    same_as_plain: bool | None = SameAsPlainOpt,
+    ctx: str | None = setting_option("ctx", "-c", "--ctx", command="chat"),
+    threads: str | None = ThreadsOpt,
+    gpu_layers: str | None = GpuLayersOpt,
     show_rejected: bool = typer.Option(
         False, "--show-rejected", help="Show rejected drafts, struck through."
     ),
@@ -366,7 +351,7 @@ def chat(
         False, "--no-history", help="Do not read or write the input history file."
     ),
     verbose: bool = VerboseOpt,
-    config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
+    config: Path | None = ConfigOpt,
 ) -> None:
     """Chat with a local model, faster thanks to a draft; /help lists the slash commands."""
     from specli.chat.repl import run_chat
@@ -374,29 +359,17 @@ def chat(
 
     err = make_console(stderr=True)
     with friendly_errors():
-        parse_draft_max(draft_max)
+        flags = given_settings(context)
         if (name is None) == (target is None):
             raise UsageProblem("give the target once: `specli chat NAME` or `specli chat --target FILE`")
         if system is not None:
             valid_text(system, "--system")
-        plan = plan_models(context, name or target, draft, no_draft=no_draft, config=config)
-        check_ngram(ngram, plan.draft)
-        v = plan.values
-        spec = load_plan(plan, ngram=ngram, draft_p_min=draft_p_min, verbose=verbose, err=err)
+        plan = plan_run("chat", name or target, draft, no_draft=no_draft, ngram=ngram, config=config,
+                        flags=flags)
+        spec = _load(plan, verbose=verbose, err=err)
         with spec:
-            options = ChatOptions(
-                system=system,
-                max_tokens=v["max_tokens"],
-                temperature=v["temp"],
-                top_k=v["top_k"],
-                top_p=v["top_p"],
-                min_p=v["min_p"],
-                draft_max=parse_draft_max(str(v["draft_max"])),
-                seed=v["seed"],
-                same_as_plain=same_as_plain,
-                show_rejected=show_rejected,
-                history=not no_history,
-            )
+            options = ChatOptions(system=system, settings=plan.settings, show_rejected=show_rejected,
+                                  history=not no_history)
             code = run_chat(spec, options, console=make_console(), err_console=err)
     raise typer.Exit(code)
 

@@ -25,12 +25,13 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specli.drafters.registry import RESERVED_NAMES
 from specli.fileio import regular_file_problem
-from specli.options import MAX_DRAFT_K
+from specli.settings import SETTING_NAMES, file_source, parse_updates
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,23 +39,17 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 __all__ = [
-    "SETTING_NAMES",
     "Config",
     "ConfigError",
     "ModelEntry",
     "ResolvedModel",
-    "Settings",
     "config_search_paths",
-    "explicit_cli_values",
     "find_config",
     "load_config",
-    "merge_settings",
     "model_rows",
 ]
 
 CONFIG_NAME = "models.toml"
-RESERVED_DRAFT_NAME = "ngram"  # api.NGRAM; not imported, so reading a config needs no llama.cpp
-RESERVED_MTP_NAME = "mtp"  # api.MTP: `--draft mtp` drafts with the target's own MTP layers
 ENV_VAR = "SPECLI_CONFIG"
 
 
@@ -82,101 +77,10 @@ def _short(path: Path) -> str:
         return str(path)
 
 
-# --------------------------------------------------------------------------------------------------
-# Settings
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Generation settings; None means "not set here" (a lower layer, or the CLI default, applies)."""
-
-    ctx: int | None = None
-    threads: int | None = None
-    gpu_layers: int | None = None
-    temp: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    draft_max: int | str | None = None  # an int, or "auto"
-    max_tokens: int | None = None
-    seed: int | None = None
-
-    def overlay(self, other: Settings) -> Settings:
-        """``self`` with every value that ``other`` sets replacing ours."""
-        return replace(self, **other.as_dict())
-
-    def as_dict(self) -> dict[str, Any]:
-        """Only the values that are set."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
-
-SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Settings))
 _MODEL_KEYS = frozenset({"path", "draft", "description", "url"}) | set(SETTING_NAMES)
 
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_setting(name: str, value: Any) -> tuple[Any, str | None]:
-    """(normalised value, None) if ``value`` is valid for setting ``name``, else (value, what is expected)."""
-    if name == "draft_max":
-        if value == "auto" or (_is_int(value) and 0 <= value <= MAX_DRAFT_K):
-            return value, None
-        return value, f'must be a whole number from 0 to {MAX_DRAFT_K}, or "auto"'
-    rules: dict[str, tuple[bool, Any, str]] = {
-        # name: (integer?, predicate, what is expected)
-        "ctx": (True, lambda v: v >= 16, "must be a whole number >= 16 (tokens of context)"),
-        "threads": (True, lambda v: v >= 1, "must be a whole number >= 1 (leave it out: one per core)"),
-        "gpu_layers": (True, lambda v: v >= -1, "must be a whole number >= 0 (or -1: all layers)"),
-        "temp": (False, lambda v: v >= 0, "must be a number >= 0 (0 is greedy)"),
-        "top_k": (True, lambda v: v >= 0, "must be a whole number >= 0 (0: off)"),
-        "top_p": (False, lambda v: 0 < v <= 1, "must be a number in (0, 1] (1: off)"),
-        "min_p": (False, lambda v: 0 <= v <= 1, "must be a number in [0, 1] (0: off)"),
-        "max_tokens": (True, lambda v: v >= 1, "must be a whole number >= 1"),
-        "seed": (True, lambda v: 0 <= v < 2**32, "must be a whole number from 0 to 4294967295"),
-    }
-    integer, ok, expected = rules[name]
-    if (_is_int(value) if integer else _is_number(value)) and ok(value):
-        return (value if integer else float(value)), None
-    return value, expected
-
-
-def merge_settings(base: Settings, cli_values: Mapping[str, Any]) -> Settings:
-    """Overlay the CLI values that were given explicitly (None = not given) onto config settings.
-
-    ``draft_max`` may be given as the CLI's string ("auto" or digits). Raises ValueError for an unknown
-    setting name or an invalid value (the CLI normally rejects those first).
-    """
-    updates: dict[str, Any] = {}
-    for name, value in cli_values.items():
-        if name not in SETTING_NAMES:
-            raise ValueError(f"unknown setting {name!r} (known: {', '.join(SETTING_NAMES)})")
-        if value is None:
-            continue
-        if name == "draft_max" and isinstance(value, str) and value.strip().isdigit():
-            value = int(value)
-        value, expected = _check_setting(name, value)
-        if expected:
-            raise ValueError(f"--{name.replace('_', '-')} {expected}, got {value!r}")
-        updates[name] = value
-    return replace(base, **updates)
-
-
-def explicit_cli_values(ctx: Any, names: tuple[str, ...] = SETTING_NAMES) -> dict[str, Any]:
-    """The settings the user actually typed (or set via environment), from a click/typer Context.
-
-    Typer fills in option defaults, so "was --temp given?" needs click's parameter source. Compared by
-    name: recent typer versions vendor click, so its ParameterSource is not importable from ``click``.
-    """
-    given = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}
-    return {n: ctx.params[n] for n in names
-            if n in ctx.params and getattr(ctx.get_parameter_source(n), "name", None) in given}
+# A layer of settings: setting name -> checked value (specli.settings), only the ones a table sets.
+Layer = dict[str, Any]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,7 +96,7 @@ class ModelEntry:
     draft: str | None = None
     description: str | None = None
     url: str | None = None
-    settings: Settings = field(default_factory=Settings)
+    settings: Layer = field(default_factory=dict)
     line: int | None = None  # of the [models.NAME] header
     key_lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
@@ -202,22 +106,22 @@ class ResolvedModel:
     path: Path
     name: str | None  # None when the user gave a path that is not in the registry
     entry: ModelEntry | None
-    settings: Settings  # [defaults] overlaid with the model's own settings
+    settings: Layer  # [defaults] overlaid with the model's own settings
     draft: str | None  # the default draft's name, if the model has one
 
 
 @dataclass
 class Config:
     path: Path
-    defaults: Settings = field(default_factory=Settings)
+    defaults: Layer = field(default_factory=dict)
     models: dict[str, ModelEntry] = field(default_factory=dict)
 
     def names(self) -> list[str]:
         return list(self.models)
 
-    def settings_for(self, name: str | None) -> Settings:
+    def settings_for(self, name: str | None) -> Layer:
         entry = self.models.get(name) if name else None
-        return self.defaults.overlay(entry.settings) if entry else self.defaults
+        return {**self.defaults, **entry.settings} if entry else dict(self.defaults)
 
     def resolve(self, name_or_path: str | os.PathLike[str]) -> ResolvedModel:
         """A model name from the registry, or a path (an existing file, or anything ending in .gguf).
@@ -232,7 +136,7 @@ class Config:
             path = Path(os.path.normpath(candidate.absolute()))
             entry = self._entry_for_path(path)
             if entry is None:
-                return ResolvedModel(path, None, None, self.defaults, None)
+                return ResolvedModel(path, None, None, dict(self.defaults), None)
             return ResolvedModel(path, entry.name, entry, self.settings_for(entry.name), entry.draft)
         entry = self.models.get(text)
         if entry is None:
@@ -404,15 +308,13 @@ class _Loader:
     def error(self, key: tuple[str, ...], message: str) -> ConfigError:
         return ConfigError(self.path, message, line=self.line_of(*key), key=".".join(_show(k) for k in key))
 
-    def settings(self, table: Mapping[str, Any], where: tuple[str, ...]) -> Settings:
-        values: dict[str, Any] = {}
-        for name in SETTING_NAMES:
-            if name in table:
-                value, expected = _check_setting(name, table[name])
-                if expected:
-                    raise self.error(where + (name,), f"{expected}, got {table[name]!r}")
-                values[name] = value
-        return Settings(**values)
+    def settings(self, table: Mapping[str, Any], where: tuple[str, ...]) -> Layer:
+        """The table's settings, checked by the same rules as the flags (SettingError naming the file,
+        the line and the key)."""
+        values = {name: table[name] for name in SETTING_NAMES if name in table}
+        lines = {name: line for name in values if (line := self.line_of(*where, name)) is not None}
+        prefix = ".".join(_show(w) for w in where)
+        return parse_updates(values, file_source(_short(self.path), prefix, lines))
 
     def unknown_keys(self, table: Mapping[str, Any], allowed: frozenset[str] | set[str],
                      where: tuple[str, ...]) -> None:
@@ -429,13 +331,10 @@ class _Loader:
         if not name.strip() or name.lower().endswith(".gguf") or "/" in name or "\\" in name:
             raise self.error(where, "a model name must not be empty, end in .gguf or contain slashes "
                                     "(those are taken for file paths)")
-        if name.strip().lower() == RESERVED_DRAFT_NAME:
-            # `--draft ngram` means n-gram lookup; a model of that name could never be chosen as a draft
-            raise self.error(where, f"the name {RESERVED_DRAFT_NAME!r} is reserved for n-gram drafting "
-                                    "(--draft ngram); rename this model")
-        if name.strip().lower() == RESERVED_MTP_NAME:
-            raise self.error(where, f"the name {RESERVED_MTP_NAME!r} is reserved for drafting with the "
-                                    "target's MTP layers (--draft mtp); rename this model")
+        if name.strip().lower() in RESERVED_NAMES:
+            # `--draft NAME` selects that drafter; a model of that name could never be chosen as a draft
+            raise self.error(where, f"the name {name.strip().lower()!r} is reserved for a drafter "
+                                    f"(--draft {name.strip().lower()}); rename this model")
         self.unknown_keys(table, _MODEL_KEYS, where)
         for key in ("path", "draft", "description", "url"):
             if key in table and not isinstance(table[key], str):

@@ -1,4 +1,6 @@
-"""Turning failures into one clear line and an exit code (2: usage, 1: runtime, 130: interrupted)."""
+"""The command line's way of failing: one clear line and an exit code (2: usage, 1: runtime, 130:
+interrupted). UsageProblem (specli.settings) is the core's "the user asked for something that cannot
+work"; only here does it become exit 2."""
 
 from __future__ import annotations
 
@@ -9,13 +11,13 @@ from contextlib import contextmanager
 
 import typer
 
+from specli.settings import UsageProblem
+
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-
-class UsageProblem(Exception):
-    """The user asked for something that cannot work (bad option value, empty prompt ...): exit 2."""
+__all__ = ["EXIT_INTERRUPTED", "EXIT_RUNTIME", "EXIT_USAGE", "UsageProblem", "fail", "friendly_errors"]
 
 
 def debug_enabled() -> bool:

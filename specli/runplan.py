@@ -1,21 +1,18 @@
-"""From command-line values to a loaded run: the prompt read and checked, names resolved through
-models.toml, settings merged and checked (CLI defaults < [defaults] < the model's own < typed flags),
-model files validated before llama.cpp sees them, then `api.load`, the one place a run is assembled.
-Shared by `specli run`, `chat` and `bench`; the CLI module only parses and calls down."""
+"""From what a front end was given to a loaded run: the prompt read and checked, names resolved through
+models.toml, settings merged (the command's defaults < [defaults] < the model's own < flags), model
+files validated before llama.cpp sees them, then `api.load`. The one place a run is assembled, for
+`specli run`, `chat`, `bench` and `serve`; no typer, no rich (front ends print the notes)."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import typer
-from rich.console import Console
-from rich.text import Text
-
-from specli.errors import UsageProblem
-from specli.options import check_values, decode_input, parse_draft_max, valid_text
+from specli.drafters.registry import drafter_kind
+from specli.settings import RunSettings, UsageProblem, decode_input, defaults_for, valid_text
 
 
 def read_prompt(prompt: str) -> str:
@@ -33,8 +30,17 @@ class Plan:
     """What a command will load and with which settings, after models.toml and the flags are merged."""
 
     target: Path
-    draft: str | Path | None  # a path, "ngram", "mtp", or None
-    values: dict[str, Any]  # the effective setting values (see config.SETTING_NAMES)
+    draft: str | Path | None  # a draft model's path, a reserved drafter name ("ngram", "mtp"), or None
+    ngram: bool  # n-gram lookup in front of the draft model (combined drafting)
+    settings: RunSettings
+    target_name: str | None = None  # the models.toml name, when the target was given by one
+    notes: list[str] = field(default_factory=list)  # for the user, before loading
+
+    @property
+    def draft_model(self) -> Path | None:
+        """The draft model's file, when the drafter is a model."""
+        kind = drafter_kind(self.draft)
+        return None if kind is None or kind.reserved else Path(self.draft)  # type: ignore[arg-type]
 
 
 def validated(path: Path) -> Path:
@@ -45,19 +51,26 @@ def validated(path: Path) -> Path:
     return path
 
 
-def plan_models(
-    context: typer.Context, target: str, draft: str | None, *, no_draft: bool, config: Path | None
+def plan_run(
+    command: str,
+    target: str,
+    draft: str | None,
+    *,
+    no_draft: bool = False,
+    ngram: bool = False,
+    config: Path | None = None,
+    flags: Mapping[str, Any] | None = None,
 ) -> Plan:
-    """Resolve names or paths through models.toml; settings: CLI defaults < [defaults] < the model's
-    own < flags given on the command line."""
-    from specli.api import MTP, NGRAM
-    from specli.config import explicit_cli_values, find_config, load_config, merge_settings
+    """Resolve names or paths through models.toml and merge the settings: `command`'s defaults <
+    [defaults] < the model's own < `flags` (checked values, from specli.settings.parse_updates)."""
+    from specli.config import find_config, load_config
 
     if no_draft and draft is not None:
         raise UsageProblem("--draft and --no-draft contradict each other: give one of them")
     found = find_config(config)
     cfg = load_config(found) if found else None
-    values = dict(context.params)
+    settings = defaults_for(command)
+    name = None
     if cfg is None:
         if not target.lower().endswith(".gguf") and not Path(target).expanduser().exists():
             raise UsageProblem(
@@ -67,82 +80,41 @@ def plan_models(
         target_path, default_draft = Path(target).expanduser(), None
     else:
         resolved = cfg.resolve(target)
-        target_path, default_draft = resolved.path, resolved.draft
-        try:
-            values.update(merge_settings(resolved.settings, explicit_cli_values(context)).as_dict())
-        except ValueError as e:
-            raise UsageProblem(str(e)) from None
+        target_path, default_draft, name = resolved.path, resolved.draft, resolved.name
+        settings = settings.merged(resolved.settings)
+    settings = settings.merged(flags or {})
     draft_arg: str | Path | None = None
     if not no_draft:
         wanted = draft if draft is not None else default_draft
-        if wanted in (NGRAM, MTP):
-            draft_arg = wanted
+        kind = drafter_kind(wanted)
+        if kind is not None and kind.reserved:
+            draft_arg = kind.name
         elif wanted is not None:
-            draft_arg = cfg.resolve(wanted).path if cfg else Path(wanted).expanduser()
-            draft_arg = validated(Path(draft_arg))
-    return Plan(validated(target_path), draft_arg, check_values(values))
-
-
-def check_ngram(ngram: bool, draft: str | Path | None) -> None:
-    """--ngram combines n-gram lookup with a draft model; without one it would do nothing."""
-    from specli.api import MTP, NGRAM
-
-    if ngram and (draft is None or draft in (NGRAM, MTP)):
+            draft_arg = validated(cfg.resolve(wanted).path if cfg else Path(wanted).expanduser())
+    if ngram and (draft_arg is None or drafter_kind(draft_arg).reserved):  # type: ignore[union-attr]
         raise UsageProblem(
             "--ngram adds n-gram lookup to a draft model, and there is none: give --draft MODEL "
             "(or --draft ngram for n-gram lookup alone)"
         )
+    plan = Plan(validated(target_path), draft_arg, ngram, settings, name)
+    if plan.draft_model is not None and plan.draft_model.resolve() == plan.target.resolve():
+        plan.notes.append("the draft is the target itself: every draft is accepted, but drafting costs as "
+                          "much as verifying, so this cannot be faster")
+    return plan
 
 
-def load_plan(plan: Plan, *, ngram: bool, draft_p_min: float, verbose: bool, err: Console):
+def load_run(plan: Plan, *, verbose: bool = False) -> tuple[Any, list[str]]:
+    """Load what `plan` names (`api.load`): the Speculator, and notes for the user about what they got."""
     from specli import llama
-    from specli.api import MTP, NGRAM, load
+    from specli.api import load
 
     llama.set_verbose(verbose)
-    v = plan.values
-    draft = plan.draft
-    if draft not in (None, NGRAM, MTP) and Path(draft).resolve() == plan.target.resolve():
-        err.print(
-            "[yellow]note:[/] the draft is the target itself: every draft is accepted, "
-            "but drafting costs as much as verifying, so this cannot be faster"
-        )
-    what = plan.target.name + (f" + {Path(draft).name}" if draft else "")
-    with err.status(Text(f"loading {what}")):
-        spec = load(
-            plan.target,
-            draft,
-            n_ctx=v["ctx"],
-            n_threads=v["threads"],
-            n_gpu_layers=v["gpu_layers"],
-            draft_p_min=draft_p_min,
-            ngram=ngram and draft not in (None, NGRAM, MTP),
-        )
-    if spec.target.n_ctx != v["ctx"]:
+    s = plan.settings
+    spec = load(plan.target, plan.draft, n_ctx=s.ctx, n_threads=s.threads, n_gpu_layers=s.gpu_layers,
+                draft_p_min=s.draft_p_min, ngram=plan.ngram)
+    notes = []
+    if spec.target.n_ctx != s.ctx:
         # llama.cpp rounds contexts up to a multiple of 256: say what the user got
-        err.print(
-            f"[yellow]note:[/] the context is {spec.target.n_ctx} tokens (asked for {v['ctx']}; "
-            "llama.cpp sizes contexts in multiples of 256)",
-            soft_wrap=True,  # one line, also on a pipe
-        )
-    return spec
-
-
-def generation_params(values: dict[str, Any], stop: tuple[str, ...] = ()):
-    """GenerationParams from effective setting values (a random seed when none is set)."""
-    from specli.engine import GenerationParams
-    from specli.sampling import SamplingParams
-
-    seed = values.get("seed")
-    if seed is None or seed == -1:
-        import secrets
-
-        seed = secrets.randbelow(2**31)
-    return GenerationParams(
-        max_tokens=values["max_tokens"],
-        sampling=SamplingParams(
-            temperature=values["temp"], top_k=values["top_k"], top_p=values["top_p"], min_p=values["min_p"]
-        ),
-        seed=seed,
-        stop=stop,
-        draft_max=parse_draft_max(str(values["draft_max"])),
-    )
+        notes.append(f"the context is {spec.target.n_ctx} tokens (asked for {s.ctx}; "
+                     "llama.cpp sizes contexts in multiples of 256)")
+    return spec, notes

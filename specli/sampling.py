@@ -28,8 +28,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specli.options import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
-
 # Ids are grouped in fixed blocks of this many: a block's maximum logit bounds all of its ids.
 BLOCK = 256
 _LOG_BLOCK = math.log(BLOCK)
@@ -65,13 +63,6 @@ class SamplingParams:
     def unbanned(self) -> SamplingParams:
         """The same settings for rows whose banned ids are already at -inf (see mask_banned)."""
         return replace(self, banned=()) if self.banned else self
-
-
-# llama.cpp's default sampler settings, and the command line's: the figures to quote as "default
-# sampling". (SamplingParams() itself filters nothing: an API caller opts into each filter.)
-DEFAULT_SAMPLING = SamplingParams(
-    temperature=DEFAULT_TEMPERATURE, top_k=DEFAULT_TOP_K, top_p=DEFAULT_TOP_P, min_p=DEFAULT_MIN_P
-)
 
 
 # -- keyed noise ---------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from specli.bench.suite import (
 )
 from specli.cli import app
 from specli.errors import UsageProblem
+from specli.settings import SETTINGS, defaults_for
 from specli.stats import expected_tokens_per_round
 from specli.ui.bench_view import render_bench
 
@@ -65,11 +66,13 @@ class RecordingProgress:
 
 
 def tiny_config(fixture_models, **kw) -> BenchConfig:
+    """A small bench; keywords that are settings (max_tokens, ctx, seed ...) go to its RunSettings."""
     options = dict(target=fixture_models.target, draft=fixture_models.draft, ks=[1, 2], temps=[0.0, 1.0],
-                   prompts=PROMPTS, max_tokens=16, repeat=2, n_ctx=256, n_threads=1, seed=7,
-                   curve_repeats=2, warmup_tokens=4)
-    options.update(kw)
-    return BenchConfig(**options)
+                   prompts=PROMPTS, repeat=2, curve_repeats=2, warmup_tokens=4)
+    settings = dict(max_tokens=16, ctx=256, threads=1, seed=7)
+    for key, value in kw.items():
+        (settings if key in SETTINGS else options)[key] = value
+    return BenchConfig(**options, settings=defaults_for("bench").merged(settings))
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +142,7 @@ def test_acceptance_prediction_and_efficiency_are_computed(bench) -> None:
         assert all(s is not None and 0 <= s <= 1 for s in shares)
         assert sum(shares) == pytest.approx(1.0, abs=1e-6)
     # Same-as-plain (the default) reproduces plain decoding exactly, greedy or sampled, and says so.
-    assert result.config.same_as_plain and any(c.temperature > 0 for c in result.configs)
+    assert result.config.settings.same_as_plain and any(c.temperature > 0 for c in result.configs)
     assert all(c.mismatches == 0 and c.first_forks == [] for c in result.configs)
     assert all(r.first_fork is None for r in result.runs if r.mode == "spec")
     spec_runs = [r for r in result.runs if r.mode == "spec"]
@@ -284,7 +287,7 @@ def test_the_pair_is_built_by_api_load(fixture_models) -> None:
 
 def test_context_too_small_is_a_usage_problem(fixture_models) -> None:
     with pytest.raises(BenchError, match="raise --ctx"):
-        run_bench(tiny_config(fixture_models, n_ctx=256, max_tokens=1000))
+        run_bench(tiny_config(fixture_models, ctx=256, max_tokens=1000))
 
 
 @pytest.mark.parametrize("bad", [{"ks": []}, {"ks": [0]}, {"repeat": 0}, {"max_tokens": 0}, {"temps": []}])

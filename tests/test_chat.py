@@ -26,11 +26,17 @@ from specli.chat.session import TRIM_TO, ChatError, ChatOptions, ChatSession, Co
 from specli.chat_template import ChatTemplate
 from specli.cli import app
 from specli.events import DoneEvent, PromptEvent, TokenEvent
+from specli.settings import RunSettings, defaults_for
 from specli_synth.fixtures import FIXTURE_N_VOCAB, fixture_documents
 from specli_synth.gguf_writer import LlamaSpec, write_llama_gguf
 from specli_synth.vocab import TOKEN_TYPE_CONTROL, Vocab, train_vocab
 
-GREEDY = ChatOptions(temperature=0.0, max_tokens=24, draft_max=3, history=False)
+
+def chat_settings(**values) -> RunSettings:
+    return defaults_for("chat").merged(values)
+
+
+GREEDY = ChatOptions(settings=chat_settings(temp=0.0, max_tokens=24, draft_max=3), history=False)
 
 # Chat templates written out in the shape Qwen2 and Llama 3 ship them.
 QWEN2_TEMPLATE = (
@@ -127,7 +133,8 @@ def test_piped_two_turns_reuse_the_cache_and_match_plain_generation(fixture_mode
             text = template.render(history, add_generation_prompt=True)
             tokens = plain.target.tokenize(text, add_special=True, parse_special=True)
             assert len(tokens) == data["turns"][i]["prompt_tokens"]
-            params = GenerationParams(max_tokens=GREEDY.max_tokens, sampling=SamplingParams(temperature=0.0),
+            params = GenerationParams(max_tokens=GREEDY.settings.max_tokens,
+                                      sampling=SamplingParams(temperature=0.0),
                                       stop=data["settings"]["stop"])
             done = [e for e in plain.generate(tokens, params) if isinstance(e, DoneEvent)][0]
         assert done.text == reply
@@ -196,7 +203,7 @@ class _InterruptingFile(io.StringIO):
 def test_ctrl_c_during_a_reply_stops_it_and_the_chat_goes_on(fixture_models, tmp_path, times) -> None:
     save = tmp_path / "t.json"
     out, err = _InterruptingFile(at_write=3, times=times), io.StringIO()
-    options = ChatOptions(temperature=0.0, max_tokens=200, draft_max=2, history=False)
+    options = ChatOptions(settings=chat_settings(temp=0.0, max_tokens=200, draft_max=2), history=False)
     previous = signal.getsignal(signal.SIGINT)
     with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
         lines = io.StringIO(f"Once upon a time\nThe bird was sad\n/save {save}\n")
@@ -240,7 +247,8 @@ def test_an_interrupt_inside_the_engine_keeps_the_caches_consistent(fixture_mode
         assert session.turns[-1].prefill_tokens < session.turns[-1].prompt_tokens  # the cache was reused
         reply = events[-1].text
         with load(fixture_models.target, None, n_ctx=512) as plain:
-            params = GenerationParams(max_tokens=GREEDY.max_tokens, sampling=SamplingParams(temperature=0.0),
+            params = GenerationParams(max_tokens=GREEDY.settings.max_tokens,
+                                      sampling=SamplingParams(temperature=0.0),
                                       stop=session.stops)
             done = list(plain.generate(session.last_prompt.tokens, params))[-1]
         assert done.text == reply
@@ -256,15 +264,16 @@ def test_slash_commands_in_a_piped_session(fixture_models, tmp_path) -> None:
         "Once upon a time", "/stats", "/reset", "/system Tell short stories.", "The bird was sad",
         f"/save {save}", "/exit", "this line is never read",
     ]) + "\n"
-    options = ChatOptions(temperature=0.8, max_tokens=16, history=False)
+    options = ChatOptions(settings=chat_settings(temp=0.8, max_tokens=16), history=False)
     with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
         code, out, err = chat(spec, script, options)
     assert code == 0
     assert "/k N|auto" in err  # /help
     assert "k = 2" in err and "temperature = 0 (greedy)" in err
-    assert "/k must be between 0 and 64, got 99" in err
+    assert '/k must be a whole number from 0 to 64, or "auto", got 99' in err
     assert "/k takes a whole number" in err and "'two'" in err
-    assert "/temp must be a finite number >= 0" in err and "/temp takes a number >= 0, not 'warm'" in err
+    assert "/temp must be a finite number >= 0" in err
+    assert "/temp takes a finite number >= 0 (0 is greedy), not 'warm'" in err
     assert "unknown command /frobnicate: /help lists the commands" in err
     assert "usage: /save FILE" in err
     assert "1 turn · " in err  # /stats after the first turn
@@ -329,7 +338,8 @@ def test_piped_multiline_block_is_one_turn_and_double_slash_escapes(fixture_mode
 
 
 def test_oldest_turns_are_dropped_to_fit_the_context(fixture_models) -> None:
-    options = ChatOptions(system="Stories.", temperature=0.0, max_tokens=16, draft_max=2, history=False)
+    options = ChatOptions(system="Stories.", settings=chat_settings(temp=0.0, max_tokens=16, draft_max=2),
+                          history=False)
     with load(fixture_models.target, fixture_models.draft, n_ctx=256) as spec:
         n_ctx = spec.target.n_ctx
         session = ChatSession(spec, options)
@@ -364,7 +374,7 @@ def test_oldest_turns_are_dropped_to_fit_the_context(fixture_models) -> None:
 
 
 def test_piped_chat_reports_dropped_turns(fixture_models) -> None:
-    options = ChatOptions(temperature=0.0, max_tokens=16, history=False)
+    options = ChatOptions(settings=chat_settings(temp=0.0, max_tokens=16), history=False)
     lines = "".join(f"Tell me story number {i} about the fox and the bird\n" for i in range(8))
     with load(fixture_models.target, fixture_models.draft, n_ctx=256) as spec:
         code, out, err = chat(spec, lines, options)
@@ -389,7 +399,8 @@ def test_model_without_template_falls_back_to_chatml_with_a_notice(fixture_model
 
 def test_qwen2_chatml_template_from_the_gguf(qwen2_model) -> None:
     with load(qwen2_model, "ngram", n_ctx=512) as spec:
-        session = ChatSession(spec, ChatOptions(temperature=0.0, max_tokens=12, history=False))
+        options = ChatOptions(settings=chat_settings(temp=0.0, max_tokens=12), history=False)
+        session = ChatSession(spec, options)
         assert not session.template.is_fallback and session.template_notice is None
         assert "<|im_end|>" in session.stops
         prepared = session.prepare("Hello")
@@ -402,14 +413,16 @@ def test_qwen2_chatml_template_from_the_gguf(qwen2_model) -> None:
         run_turn(session, "And then?")
         second = session.turns[-1]
         assert second.prefill_tokens < second.prompt_tokens - first.prompt_tokens + 2
-        code, out, err = chat(spec, "Hello\n", ChatOptions(temperature=0.0, max_tokens=8, history=False))
+        options = ChatOptions(settings=chat_settings(temp=0.0, max_tokens=8), history=False)
+        code, out, err = chat(spec, "Hello\n", options)
         assert code == 0 and "note:" not in err
 
 
 def test_llama3_template_renders_header_tokens_and_one_bos(llama3_model) -> None:
     with load(llama3_model, None, n_ctx=512) as spec:
-        session = ChatSession(spec, ChatOptions(system="  Be brief.  ", temperature=0.0, max_tokens=8,
-                                                history=False))
+        options = ChatOptions(system="  Be brief.  ", settings=chat_settings(temp=0.0, max_tokens=8),
+                              history=False)
+        session = ChatSession(spec, options)
         assert not session.template.is_fallback
         assert session.template.bos_token == "<|begin_of_text|>"
         assert session.stops == ["<|eot_id|>"]
@@ -516,7 +529,8 @@ def test_a_template_that_fails_to_render_falls_back_to_chatml(tmp_path) -> None:
         assert "chat template does not work" in session.template_notice
         assert "this template is broken" in session.template_notice
         assert session.prepare("Hi").text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-        code, _, err = chat(spec, "Hi\n", ChatOptions(temperature=0.0, max_tokens=4, history=False))
+        options = ChatOptions(settings=chat_settings(temp=0.0, max_tokens=4), history=False)
+        code, _, err = chat(spec, "Hi\n", options)
     assert code == 0
     assert "note: broken.gguf's chat template does not work" in err
 

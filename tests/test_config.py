@@ -6,23 +6,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from rich.console import Console
 from support import SHARED_MODELS_DIR as SHARED_MODELS
 from support import write_gguf
-from typer.testing import CliRunner
 
 from specli import config as config_mod
 from specli.config import (
     Config,
     ConfigError,
-    Settings,
-    explicit_cli_values,
     find_config,
     load_config,
-    merge_settings,
     model_rows,
 )
+from specli.settings import FLAGS, RunSettings, SettingError, defaults_for, parse_updates
 from specli.ui.models_table import render_models_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,8 +35,9 @@ def tiny_gguf(path: Path) -> Path:
     return write_gguf(path)
 
 
-def config_error(path: Path) -> ConfigError:
-    with pytest.raises(ConfigError) as exc:
+def config_error(path: Path) -> ConfigError | SettingError:
+    """The error loading `path` gives: ConfigError for the file's shape, SettingError for a bad value."""
+    with pytest.raises((ConfigError, SettingError)) as exc:
         load_config(path)
     assert "\n" not in str(exc.value)
     return exc.value
@@ -223,21 +220,21 @@ def test_multiline_string_does_not_confuse_line_numbers(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "expected"), [
-    ("temp", "-0.5", "must be a number >= 0"),
-    ("temp", '"hot"', "must be a number >= 0"),
+    ("temp", "-0.5", "must be a finite number >= 0"),
+    ("temp", '"hot"', "must be a finite number >= 0"),
     ("top_p", "0", "must be a number in (0, 1]"),
     ("top_p", "1.5", "must be a number in (0, 1]"),
     ("min_p", "-0.1", "must be a number in [0, 1]"),
-    ("threads", "0", "must be a whole number >= 1"),
-    ("threads", "true", "must be a whole number >= 1"),
+    ("threads", "-1", "must be a whole number from 0 to 512"),
+    ("threads", "true", "must be a whole number from 0 to 512"),
     ("top_k", "1.5", "must be a whole number >= 0"),
-    ("ctx", "8", "must be a whole number >= 16"),
+    ("ctx", "8", "must be a whole number from 16 to"),
     ("gpu_layers", "-2", "must be a whole number >= 0 (or -1: all layers)"),
     ("draft_max", "-1", 'must be a whole number from 0 to 64, or "auto"'),
     ("draft_max", "65", 'must be a whole number from 0 to 64, or "auto"'),
     ("draft_max", '"fast"', 'must be a whole number from 0 to 64, or "auto"'),
     ("max_tokens", "0", "must be a whole number >= 1"),
-    ("seed", "-1", "must be a whole number from 0 to 4294967295"),
+    ("seed", "-2", "must be a whole number from 0 to 4294967295"),
 ])
 def test_bad_setting_values(tmp_path: Path, key: str, value: str, expected: str) -> None:
     path = write(tmp_path / "models.toml", f"""
@@ -266,9 +263,9 @@ def test_valid_settings_accepted(tmp_path: Path) -> None:
         threads = 4
     """)
     cfg = load_config(path)
-    assert cfg.defaults == Settings(temp=0.0, top_p=1.0, draft_max="auto", gpu_layers=-1, seed=0)
-    assert isinstance(cfg.defaults.temp, float)
-    assert cfg.models["m"].settings == Settings(draft_max=0, threads=4)
+    assert cfg.defaults == dict(temp=0.0, top_p=1.0, draft_max="auto", gpu_layers=-1, seed=0)
+    assert isinstance(cfg.defaults["temp"], float)
+    assert cfg.models["m"].settings == dict(draft_max=0, threads=4)
 
 
 def test_draft_naming_unknown_model(tmp_path: Path) -> None:
@@ -431,7 +428,7 @@ def registry(tmp_path: Path) -> Config:
 def test_resolve_name(registry: Config) -> None:
     r = registry.resolve("big")
     assert r.name == "big" and r.path == registry.path.parent / "big.gguf" and r.draft == "small"
-    assert r.settings == Settings(temp=0.2, top_k=20, ctx=2048, draft_max=6)
+    assert r.settings == dict(temp=0.2, top_k=20, ctx=2048, draft_max=6)
     assert registry.resolve("small").settings == registry.defaults
 
 
@@ -465,7 +462,7 @@ def test_resolve_path_of_registered_model_uses_its_entry(registry: Config,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(registry.path.parent)
     r = registry.resolve("./big.gguf")
-    assert r.name == "big" and r.settings.temp == 0.2 and r.draft == "small"
+    assert r.name == "big" and r.settings["temp"] == 0.2 and r.draft == "small"
 
 
 def test_existing_file_without_gguf_suffix_is_a_path(registry: Config, tmp_path: Path,
@@ -475,40 +472,38 @@ def test_existing_file_without_gguf_suffix_is_a_path(registry: Config, tmp_path:
     assert registry.resolve("weights.bin").path == tmp_path / "weights.bin"
 
 
-def test_merge_settings_overlays_explicit_cli_values(registry: Config) -> None:
-    base = registry.resolve("big").settings
-    merged = merge_settings(base, {"temp": 1.1, "top_k": None, "draft_max": "12", "seed": 7})
-    assert merged == Settings(temp=1.1, top_k=20, ctx=2048, draft_max=12, seed=7)
-    assert merge_settings(base, {"draft_max": "auto"}).draft_max == "auto"
-    assert merge_settings(base, {}) == base
+def test_flags_overlay_the_models_settings(registry: Config) -> None:
+    base = defaults_for("run").merged(registry.resolve("big").settings)
+    flags = parse_updates({"temp": "1.1", "top_k": None, "draft_max": "12", "seed": "7"}, FLAGS)
+    merged = base.merged(flags)
+    assert merged == RunSettings(temp=1.1, top_k=20, ctx=2048, draft_max=12, seed=7)
+    assert base.merged(parse_updates({"draft_max": "auto"}, FLAGS)).draft_max == "auto"
+    assert base.merged({}) == base
 
 
-def test_merge_settings_rejects_bad_input() -> None:
-    with pytest.raises(ValueError, match="unknown setting 'temperature'"):
-        merge_settings(Settings(), {"temperature": 1.0})
-    with pytest.raises(ValueError, match="--top-p must be a number in"):
-        merge_settings(Settings(), {"top_p": 0})
+def test_flags_are_checked_by_the_settings_rules() -> None:
+    with pytest.raises(KeyError):
+        parse_updates({"temperature": "1.0"}, FLAGS)
+    with pytest.raises(SettingError, match="--top-p must be a number in"):
+        parse_updates({"top_p": "0"}, FLAGS)
+    assert parse_updates({"seed": "-1"}, FLAGS) == {"seed": None}  # -1: random, over a seed from a file
 
 
-def test_settings_overlay_and_as_dict() -> None:
-    a = Settings(temp=0.5, top_k=10)
-    b = Settings(top_k=3, seed=1)
-    assert a.overlay(b) == Settings(temp=0.5, top_k=3, seed=1)
-    assert b.as_dict() == {"top_k": 3, "seed": 1}
+def test_every_source_shares_the_rules(tmp_path: Path) -> None:
+    """The same value is refused with the same words from a flag, a file and a chat command."""
+    from specli.chat.session import SLASH
 
-
-def test_explicit_cli_values_only_reports_given_options() -> None:
-    app = typer.Typer()
-    seen: dict[str, Any] = {}
-
-    @app.command()
-    def run(ctx: typer.Context, temp: float = typer.Option(0.8, "--temp"), top_k: int = typer.Option(40),
-            other: int = typer.Option(1)) -> None:
-        seen.update(explicit_cli_values(ctx))
-
-    result = CliRunner().invoke(app, ["--temp", "0.3", "--other", "5"])
-    assert result.exit_code == 0, result.output
-    assert seen == {"temp": 0.3}
+    with pytest.raises(SettingError) as flag:
+        parse_updates({"temp": "-1"}, FLAGS)
+    with pytest.raises(SettingError) as slash:
+        parse_updates({"temp": "-1"}, SLASH)
+    with pytest.raises(SettingError) as file:
+        load_config(write(tmp_path / "models.toml", "[defaults]\ntemp = -1\n"))
+    assert flag.value.problem == slash.value.problem == file.value.problem
+    assert (flag.value.option, slash.value.option, file.value.option) == ("--temp", "/temp", "defaults.temp")
+    # models.toml and the flags agree on threads 0 and gpu layers -1
+    loaded = load_config(write(tmp_path / "ok.toml", "[defaults]\nthreads = 0\ngpu_layers = -1\n"))
+    assert loaded.defaults == parse_updates({"threads": "0", "gpu_layers": "-1"}, FLAGS)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -565,7 +560,7 @@ def test_model_rows_survive_unexpected_parser_errors(tmp_path: Path, monkeypatch
 
 def test_repo_models_toml_loads() -> None:
     cfg = load_config(REPO / "models.toml")
-    assert cfg.defaults.draft_max == "auto"
+    assert cfg.defaults["draft_max"] == "auto"
     for name, entry in cfg.models.items():
         assert entry.draft is None or entry.draft in cfg.models, name
         assert entry.path.suffix == ".gguf", name
@@ -588,7 +583,7 @@ def test_repo_models_toml_loads() -> None:
 def test_repo_models_toml_dev_pair_resolves() -> None:
     cfg = load_config(REPO / "models.toml")
     r = cfg.resolve("stories260k")
-    assert r.path == SHARED_MODELS / "stories260K.gguf" and r.settings.ctx == 256
+    assert r.path == SHARED_MODELS / "stories260K.gguf" and r.settings["ctx"] == 256
     assert cfg.resolve(r.draft or "").path.name == "llama2xs-279K-draft.gguf"
     rows = {row["name"]: row for row in model_rows(cfg)}
     assert rows["stories260k"]["status"] == "present" and rows["stories260k"]["parameters"] == 292_800
@@ -601,9 +596,10 @@ def test_module_exports() -> None:
 def test_errors_show_paths_inside_cwd_relative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "models.toml", "[defaults]\ntemp = -1\n")
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(SettingError) as exc:
         load_config("models.toml")
-    assert str(exc.value) == "models.toml:2: defaults.temp: must be a number >= 0 (0 is greedy), got -1"
+    assert str(exc.value) == ("models.toml:2: defaults.temp: must be a finite number >= 0 (0 is greedy), "
+                              "got -1")
 
 
 def test_syntax_error_at_end_of_document(tmp_path: Path) -> None:

@@ -441,7 +441,8 @@ def test_chat_options_exit_2_like_run(fixture_models, tmp_path, args, fragment) 
 def test_models_toml_values_get_the_same_checks(fixture_models, tmp_path) -> None:
     config = write_config(tmp_path, f'[models.t]\npath = "{fixture_models.target}"\ntemp = 1e-40\n')
     proc = specli("run", "--target", "t", PROMPT, "--config", str(config), cwd=tmp_path)
-    assert_one_line_error(proc, 2, "--temp")
+    # Named as it is written there (file, line, key), not as a flag the user did not type.
+    assert_one_line_error(proc, 2, "models.toml:3: models.t.temp: must be 0 (greedy) or at least")
 
 
 def test_seed_minus_one_is_random(fixture_models, tmp_path) -> None:

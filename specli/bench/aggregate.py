@@ -85,7 +85,7 @@ def _aggregate_one(temp: float, k: K, runs: list[RunRecord], config: BenchConfig
             tokens_per_round=pooled_p["tokens_per_round"],
             predicted_speedup=pooled_p["predicted_speedup"],
         ))
-    must_agree = temp == 0 or config.same_as_plain
+    must_agree = temp == 0 or config.settings.same_as_plain
     forks = [s.first_fork for _, s in pairs if must_agree and s.first_fork is not None]
     return ConfigResult(
         temperature=temp, k=k, pairs=len(pairs),
@@ -126,7 +126,7 @@ def bench_notes(result: BenchResult) -> list[tuple[str, str]]:
     mismatched = sum(c.mismatches for c in result.configs)
     if mismatched:
         forks = sorted(f for c in result.configs for f in c.first_forks)
-        which = "greedy and same-as-plain" if result.config.same_as_plain else "greedy (T=0)"
+        which = "greedy and same-as-plain" if result.config.settings.same_as_plain else "greedy (T=0)"
         shown = ", ".join(str(f) for f in forks[:8]) + (" …" if len(forks) > 8 else "")
         notes.append(("warn", f"{mismatched} {which} pairs forked from their plain run (first differing "
                               f"token: {shown}): "

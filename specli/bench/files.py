@@ -17,6 +17,7 @@ BENCH_FORMAT = 1  # bumped when the JSON layout changes incompatibly
 def json_document(result: BenchResult) -> dict:
     """The JSON layout of a bench (format BENCH_FORMAT)."""
     cfg = result.config
+    s = cfg.settings
     best = result.best
     return {
         "format": BENCH_FORMAT,
@@ -31,10 +32,11 @@ def json_document(result: BenchResult) -> dict:
             "drafter": result.drafter,
         },
         "options": {
-            "ks": cfg.ks, "temperatures": cfg.temps, "max_tokens": cfg.max_tokens, "repeat": cfg.repeat,
-            "n_ctx": cfg.n_ctx, "n_threads": result.target.n_threads if result.target else cfg.n_threads,
-            "n_gpu_layers": cfg.n_gpu_layers, "seed": cfg.seed, "top_k": cfg.top_k, "top_p": cfg.top_p,
-            "min_p": cfg.min_p, "draft_p_min": cfg.draft_p_min, "ngram": cfg.ngram,
+            "ks": cfg.ks, "temperatures": cfg.temps, "max_tokens": s.max_tokens, "repeat": cfg.repeat,
+            "n_ctx": s.ctx, "n_threads": result.target.n_threads if result.target else s.threads,
+            "n_gpu_layers": s.gpu_layers, "seed": s.seed, "top_k": s.top_k, "top_p": s.top_p,
+            "min_p": s.min_p, "draft_p_min": s.draft_p_min, "ngram": cfg.ngram,
+            "same_as_plain": s.same_as_plain, "ignore_eos": s.ignore_eos,
             "warmup_tokens": cfg.warmup_tokens, "curve_repeats": cfg.curve_repeats,
             "alternate_order": cfg.alternate_order,
         },
@@ -80,7 +82,7 @@ def write_csv(result: BenchResult, path: str | Path) -> None:
         "draft": result.draft.path if result.draft else str(result.config.draft),
         "drafter": result.drafter,
         "max_tokens": result.config.max_tokens,
-        "n_threads": result.target.n_threads if result.target else result.config.n_threads,
+        "n_threads": result.target.n_threads if result.target else result.config.settings.threads,
         "started_at": result.started_at,
     }
     f = io.StringIO(newline="")

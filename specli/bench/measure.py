@@ -10,6 +10,7 @@ import statistics
 import sys
 import time
 import zlib
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -59,9 +60,9 @@ class _LoadedPair:
     `specli run` does), and the two engines over them: plain and speculative share one target."""
 
     def __init__(self, config: BenchConfig) -> None:
-        self.speculator = load(config.target, config.draft, n_ctx=config.n_ctx, n_threads=config.n_threads,
-                               n_gpu_layers=config.n_gpu_layers, draft_p_min=config.draft_p_min,
-                               ngram=config.ngram)
+        s = config.settings
+        self.speculator = load(config.target, config.draft, n_ctx=s.ctx, n_threads=s.threads,
+                               n_gpu_layers=s.gpu_layers, draft_p_min=s.draft_p_min, ngram=config.ngram)
         self.target: Model = self.speculator.target
         self.drafter: Drafter | None = self.speculator.drafter
         # The draft model under the drafter (None for n-gram lookup): bench times its decodes.
@@ -140,11 +141,10 @@ def _warm_up(loaded: _LoadedPair, config: BenchConfig, prompt: list[int],
     """First decodes allocate buffers and build graphs; none of that belongs in the timings."""
     n = max(1, min(config.warmup_tokens, config.max_tokens))
     k = max((k for k in config.ks if k != AUTO), default=4)
-    sampling = config.sampling(config.temps[-1])
-    for engine, k_run in ((loaded.plain, 1), (loaded.spec, k)):
+    settings = replace(config.run_settings(config.temps[-1], k), max_tokens=n)
+    for engine in (loaded.plain, loaded.spec):
         loaded.reset()
-        engine.generate(prompt, GenerationParams(max_tokens=n, sampling=sampling, seed=config.seed,
-                                                 draft_max=k_run, ignore_eos=config.ignore_eos)).complete()
+        engine.generate(prompt, settings.generation_params()).complete()
         _step(progress, "speculative" if engine is loaded.spec else "plain")
 
 
@@ -223,20 +223,18 @@ def _run_pairs(loaded: _LoadedPair, config: BenchConfig, prompts: list[BenchProm
     _phase(progress, "runs", total)
     seq = 0
     for temp in config.temps:
-        sampling = config.sampling(temp)
         for k in config.ks:
+            settings = config.run_settings(temp, k)
             pair = 0
             for pi, (prompt, tokens) in enumerate(zip(prompts, tokenized, strict=True)):
                 for rep in range(config.repeat):
-                    seed = config.seed + 1000 * pi + rep  # the same for both halves, and across configs
+                    # The same seed for both halves, and across configs.
+                    params = settings.generation_params(seed_offset=1000 * pi + rep)
+                    seed = params.seed
                     done: list[RunRecord] = []
                     outputs: dict[str, list[int]] = {}
                     for position, mode in enumerate(_pair_order(config, pair)):
                         engine = loaded.spec if mode == "spec" else loaded.plain
-                        params = GenerationParams(max_tokens=config.max_tokens, sampling=sampling, seed=seed,
-                                                  draft_max=k if mode == "spec" else 1,
-                                                  ignore_eos=config.ignore_eos,
-                                                  same_as_plain=config.same_as_plain)
                         loaded.reset()
                         stats, outputs[mode] = _timed_generation(engine, tokens, params)
                         done.append(_record(seq, temp, k, prompt.name, rep, pair, mode, position, seed,

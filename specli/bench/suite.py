@@ -4,15 +4,21 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specli.errors import UsageProblem
-from specli.options import MAX_DRAFT_K, temperature_problem
 from specli.policy import AutoK
-from specli.sampling import DEFAULT_SAMPLING, SamplingParams
-
-AUTO = "auto"
+from specli.sampling import SamplingParams
+from specli.settings import (
+    AUTO,
+    MAX_DRAFT_K,
+    RunSettings,
+    SettingError,
+    Source,
+    UsageProblem,
+    defaults_for,
+    parse_value,
+)
 
 K = int | str  # a fixed draft length, or "auto"
 
@@ -140,47 +146,37 @@ def _unique_names(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
 # -- options ----------------------------------------------------------------------------------------------
 
 
-def parse_k_list(value: str) -> list[K]:
-    """'1,2,4,auto' -> [1, 2, 4, 'auto'] (each k in 1..MAX_DRAFT_K, no duplicates)."""
-    out: list[K] = []
-    for item in (s.strip() for s in value.split(",")):
-        if not item:
-            continue
-        if item == AUTO:
-            k: K = AUTO
-        else:
-            try:
-                k = int(item)
-            except ValueError:
-                raise BenchError(f"-k: {item!r} is not a whole number or 'auto'") from None
-            if not 1 <= k <= MAX_DRAFT_K:
-                raise BenchError(
-                    f"-k: {k} is out of range 1..{MAX_DRAFT_K} (k = 0 is the plain baseline, always run)"
-                )
-        if k not in out:
-            out.append(k)
-    if not out:
-        raise BenchError("-k: give at least one draft length, e.g. 1,2,4,8 or auto")
-    return out
+_LIST = Source(text=True, spellings={"draft_max": "-k", "temp": "--temp"})
 
 
-def parse_temp_list(value: str) -> list[float]:
-    """'0,0.7,1' -> [0.0, 0.7, 1.0] (each >= 0, no duplicates)."""
-    out: list[float] = []
+def _parse_list(name: str, value: str, example: str) -> list:
+    """A comma-separated list of one setting's values, each checked by the setting's own rule."""
+    out: list = []
     for item in (s.strip() for s in value.split(",")):
         if not item:
             continue
         try:
-            t = float(item)
-        except ValueError:
-            raise BenchError(f"--temp: {item!r} is not a number") from None
-        if (why := temperature_problem(t)) is not None:
-            raise BenchError(f"--temp: {item} is not a temperature: it {why}")
-        if t not in out:
-            out.append(t)
+            parsed = parse_value(name, item, _LIST)
+        except SettingError as e:
+            raise BenchError(f"{e.option}: {item!r} {e.problem.split(', got ')[0]}") from None
+        if parsed not in out:
+            out.append(parsed)
     if not out:
-        raise BenchError("--temp: give at least one temperature, e.g. 0,0.7,1.0")
+        raise BenchError(f"{_LIST.spell(name)}: give at least one value, e.g. {example}")
     return out
+
+
+def parse_k_list(value: str) -> list[K]:
+    """'1,2,4,auto' -> [1, 2, 4, 'auto'] (each k in 1..MAX_DRAFT_K, no duplicates)."""
+    ks = _parse_list("draft_max", value, "1,2,4,8 or auto")
+    if 0 in ks:
+        raise BenchError(f"-k: 0 is out of range 1..{MAX_DRAFT_K} (k = 0 is the plain baseline, always run)")
+    return ks
+
+
+def parse_temp_list(value: str) -> list[float]:
+    """'0,0.7,1' -> [0.0, 0.7, 1.0] (each a temperature, as --temp takes it; no duplicates)."""
+    return _parse_list("temp", value, "0,0.7,1.0")
 
 
 @dataclass
@@ -190,26 +186,21 @@ class BenchConfig:
     ks: list[K] = field(default_factory=lambda: [1, 2, 4, 8])
     temps: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0])
     prompts: list[BenchPrompt] | None = None  # None: BUILTIN_PROMPTS
-    max_tokens: int = 128
     repeat: int = 3
-    n_ctx: int = 2048
-    n_threads: int = 0  # 0: llama.default_threads()
-    n_gpu_layers: int = 0
-    seed: int = 0
-    same_as_plain: bool = True  # drafts verified against the target's own keyed draw (see sampling)
-    top_k: int = DEFAULT_SAMPLING.top_k  # the filters of `specli run`, so bench measures what run does
-    top_p: float = DEFAULT_SAMPLING.top_p
-    min_p: float = DEFAULT_SAMPLING.min_p
-    draft_p_min: float = 0.0
+    # Everything a run shares with `specli run` (sampling filters, -n, context, threads, seed of the
+    # first pair, same-as-plain, ignore-eos: as llama-bench, every run generates exactly -n tokens, so
+    # plain and speculative runs compare the same amount of work even at T > 0).
+    settings: RunSettings = field(default_factory=lambda: defaults_for("bench"))
     ngram: bool = False  # with a draft model: combined drafting (n-gram matches first)
-    # As llama-bench: every run generates exactly max_tokens, so plain and speculative runs compare
-    # the same amount of work even at T > 0, where they stop at different places.
-    ignore_eos: bool = True
     warmup_tokens: int = 16
     curve_repeats: int = 8  # timed decodes per batch size (at least) for the verify-cost curve
     # Alternate which half of a pair runs first (plain-spec, spec-plain, ...), so that whatever the
     # first run of a pair does to the second (cache, clocks) does not favour one side.
     alternate_order: bool = True
+
+    @property
+    def max_tokens(self) -> int:
+        return self.settings.max_tokens
 
     def prompt_list(self) -> list[BenchPrompt]:
         return list(self.prompts) if self.prompts is not None else list(BUILTIN_PROMPTS)
@@ -222,19 +213,26 @@ class BenchConfig:
                 raise BenchError(f"-k: {k!r} is not a draft length in 1..{MAX_DRAFT_K} or 'auto'")
         if not self.temps or any(not t >= 0 for t in self.temps):
             raise BenchError("--temp: need one or more temperatures >= 0")
-        if self.max_tokens < 1:
-            raise BenchError("-n must be at least 1")
         if self.repeat < 1:
             raise BenchError("--repeat must be at least 1")
         if not self.prompt_list():
             raise BenchError("no prompts to bench")
         if self.curve_repeats < 1:
             raise BenchError("curve_repeats must be at least 1")
-        SamplingParams(temperature=1.0, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)  # validates
+        try:
+            self.settings.validate()
+        except SettingError as e:
+            raise BenchError(str(e)) from None
+        if self.settings.seed is None:
+            self.settings = self.settings.seeded()
 
     def max_batch(self) -> int:
         """The largest verify batch the runs can make: max k + 1 (auto may reach AutoK's k_max)."""
         return max(AutoK().k_max if k == AUTO else int(k) for k in self.ks) + 1
 
+    def run_settings(self, temperature: float, k: K) -> RunSettings:
+        """The settings of one run of the bench: a temperature and a draft length."""
+        return replace(self.settings, temp=temperature, draft_max=k)
+
     def sampling(self, temperature: float) -> SamplingParams:
-        return SamplingParams(temperature=temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+        return replace(self.settings, temp=temperature).sampling

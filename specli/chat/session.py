@@ -18,12 +18,11 @@ from typing import Any
 from specli.api import Speculator
 from specli.chat_template import ChatTemplate, ChatTemplateError
 from specli.engine import GenerationParams
-from specli.errors import UsageProblem
 from specli.events import DoneEvent, Event, TokenEvent
 from specli.fileio import atomic_write_text
 from specli.llama import Model
-from specli.options import MAX_DRAFT_K, parse_draft_max, parse_temperature, valid_text
-from specli.sampling import DEFAULT_SAMPLING, SamplingParams
+from specli.sampling import SamplingParams
+from specli.settings import MAX_DRAFT_K, RunSettings, Source, UsageProblem, defaults_for, valid_text
 from specli.stats import GenerationStats
 
 MIN_REPLY_TOKENS = 64  # context kept free for the reply even when max_tokens is larger than a quarter
@@ -41,19 +40,17 @@ class ChatError(Exception):
 
 @dataclass
 class ChatOptions:
-    """Settings of a chat: generation parameters plus what the front end shows."""
+    """A chat: the system message, the generation settings (with a seed, turn i uses seed + i:
+    reproducible sessions) and what the front end shows."""
 
     system: str | None = None
-    max_tokens: int = 512
-    temperature: float = DEFAULT_SAMPLING.temperature
-    top_k: int = DEFAULT_SAMPLING.top_k
-    top_p: float = DEFAULT_SAMPLING.top_p
-    min_p: float = DEFAULT_SAMPLING.min_p
-    draft_max: int | str = "auto"
-    seed: int | None = None  # None: random; otherwise turn i uses seed + i (reproducible sessions)
-    same_as_plain: bool = True  # a seeded session prints what plain decoding would (see sampling)
+    settings: RunSettings = field(default_factory=lambda: defaults_for("chat"))
     show_rejected: bool = False
     history: bool = True  # keep readline history in default_history_path() (terminals only)
+
+
+# The slash commands that change a setting, as the user types them.
+SLASH = Source(text=True, spellings={"draft_max": "/k", "temp": "/temp"})
 
 
 @dataclass(slots=True)
@@ -225,10 +222,7 @@ class ChatSession:
         if options.system:
             self.messages.append({"role": "system", "content": options.system})
         self.turns: list[TurnRecord] = []
-        self.sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k,
-                                       top_p=options.top_p, min_p=options.min_p)
-        self.draft_max: int | str = options.draft_max
-        self.max_tokens = options.max_tokens
+        self.settings = options.settings
         vocab = spec.target.vocab_info()
         self._vocab = vocab
         eos = _special_text(spec.target, vocab.eos)
@@ -242,6 +236,18 @@ class ChatSession:
         return self.spec.target.n_ctx
 
     @property
+    def sampling(self) -> SamplingParams:
+        return self.settings.sampling
+
+    @property
+    def draft_max(self) -> int | str:
+        return self.settings.draft_max
+
+    @property
+    def max_tokens(self) -> int:
+        return self.settings.max_tokens
+
+    @property
     def system(self) -> str | None:
         return self.messages[0]["content"] if self.messages and self.messages[0]["role"] == "system" else None
 
@@ -250,10 +256,9 @@ class ChatSession:
         return min(self.max_tokens, max(MIN_REPLY_TOKENS, self.n_ctx // 4))
 
     def generation_params(self) -> GenerationParams:
-        seed = None if self.options.seed is None else self.options.seed + len(self.turns)
-        return GenerationParams(max_tokens=self.max_tokens, sampling=self.sampling, seed=seed,
-                                stop=tuple(self.stops), draft_max=self.draft_max,
-                                same_as_plain=self.options.same_as_plain)
+        """The next turn's: the session's settings, stopping where the template ends a reply."""
+        settings = replace(self.settings, stop=tuple(dict.fromkeys((*self.settings.stop, *self.stops))))
+        return settings.generation_params(seed_offset=len(self.turns))
 
     def totals(self) -> SessionTotals:
         t = self.turns
@@ -388,19 +393,18 @@ class ChatSession:
         else:
             self.messages.insert(0, {"role": "system", "content": text})
 
-    # The same parsers and ranges as --draft-max and --temp (specli.options), named as typed here.
+    # The same rules as --draft-max and --temp (specli.settings), named as typed here.
     def set_k(self, value: str) -> None:
-        try:
-            self.draft_max = parse_draft_max(value, option="/k")
-        except UsageProblem as e:
-            raise ChatError(str(e)) from None
+        self._update({"draft_max": value})
 
     def set_temperature(self, value: str) -> None:
+        self._update({"temp": value})
+
+    def _update(self, values: dict[str, str]) -> None:
         try:
-            t = parse_temperature(value, option="/temp")
+            self.settings = self.settings.updated(values, SLASH)
         except UsageProblem as e:
             raise ChatError(str(e)) from None
-        self.sampling = replace(self.sampling, temperature=t)
 
     def transcript(self) -> dict[str, Any]:
         drafter = self.spec.drafter
@@ -421,7 +425,7 @@ class ChatSession:
                 "top_p": self.sampling.top_p,
                 "min_p": self.sampling.min_p,
                 "draft_max": self.draft_max,
-                "seed": self.options.seed,
+                "seed": self.settings.seed,
                 "stop": self.stops,
             },
             # everything said since the last /reset, also turns dropped from the context to make room

@@ -23,6 +23,29 @@ from specli.sampling import (
     SamplingParams,
 )
 
+# Architectures whose llama.cpp graph has an MTP (LLM_GRAPH_TYPE_DECODER_MTP) form, from the bundled
+# src/models/*.cpp; on others an MTP context would run the trunk's graph over a cache without it.
+MTP_ARCHITECTURES = frozenset({
+    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe",
+    "glm5-next", "hy_v3", "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
+})
+
+
+def require_mtp(target: Model) -> None:
+    """--draft mtp on a GGUF without usable MTP layers: a clear error naming the way out."""
+    if target.n_layer_nextn == 0:
+        raise ValueError(
+            f"{target.path.name} has no MTP (multi-token prediction) layers "
+            f"({target.architecture}.nextn_predict_layers is 0), so it cannot draft for itself; "
+            "use a draft model or --draft ngram"
+        )
+    if target.architecture not in MTP_ARCHITECTURES:
+        raise ValueError(
+            f"{target.path.name} has MTP layers, but the bundled llama.cpp runs MTP heads only for "
+            f"{', '.join(sorted(MTP_ARCHITECTURES))}, not {target.architecture}; "
+            "use a draft model or --draft ngram"
+        )
+
 
 class MTPDrafter(Drafter):
     """Drafts with the MTP block of `target` (loaded with load_mtp) through an MTPContext.

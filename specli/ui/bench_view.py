@@ -254,7 +254,7 @@ def results_table(result: BenchResult, *, compact: bool = False) -> Table:
         cells: list[Text | str] = [
             ("★ " if is_best else "") + f"{c.temperature:g}", k_text, *rates, speed, f"{c.wins}/{c.pairs}",
             _pct(c.acceptance_rate), _num(c.tokens_per_round, ".2f"), _num(c.predicted_speedup, ".2f", "×"),
-            _pct(c.efficiency), _same(c, result.config.same_as_plain),
+            _pct(c.efficiency), _same(c, result.config.settings.same_as_plain),
         ]
         if not compact:
             cells.append("/".join(_num(None if x is None else 100 * x, ".0f") for x in

@@ -1,0 +1,340 @@
+"""Every setting of a run, a chat, a bench or a server, with its default and its range, written once.
+
+Values come from several sources, each a partial update checked by the same rules: the command's
+built-in defaults < models.toml's [defaults] < the model's own table < command-line flags (< chat's
+slash commands, or a request's fields). `parse_updates` checks one source's values and `RunSettings.merged`
+applies them; a wrong value raises `SettingError`, which names the option as the user typed it there
+(`--temp`, `models.toml:3: defaults.temp`, `/temp`, `temperature`). Front ends turn it into their own
+error (the CLI: exit 2). `RunSettings.generation_params` is the one place a `GenerationParams` is built
+and a random seed drawn.
+
+Nothing here imports a front end (typer, rich): the CLI, chat, bench and the server all fill this record.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from specli.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specli.engine import GenerationParams
+
+
+class UsageProblem(Exception):
+    """The user asked for something that cannot work (a bad option value, an empty prompt ...)."""
+
+
+class SettingError(UsageProblem):
+    """A setting's value is wrong. `option` is the setting as the user typed it (`--temp`, `/k`,
+    `defaults.temp` with the file and line, a request's `temperature`)."""
+
+    def __init__(
+        self, option: str, problem: str, *, file: str | None = None, line: int | None = None
+    ) -> None:
+        self.option, self.problem, self.file, self.line = option, problem, file, line
+        if file is not None:
+            where = f"{file}:{line}" if line else file
+            super().__init__(f"{where}: {option}: {problem}")
+        else:
+            super().__init__(f"{option} {problem}")
+
+    @property
+    def key(self) -> str:
+        return self.option
+
+
+# Below this a temperature is greedy in all but name, and 1/T (with logits of a few tens) heads for
+# float32 overflow: 1e-40 gave infinite logits and "no mass". llama.cpp has no lower bound of its own.
+MIN_TEMPERATURE = 1e-4
+MIN_CONTEXT = 16
+# llama.cpp holds n_ctx in a uint32 and pads it up to a multiple of 256 (src/llama-context.cpp).
+MAX_CONTEXT = 2**32 - 256
+MAX_SEED = 2**32 - 1
+RANDOM_SEED = -1  # llama.cpp's `-s -1`: a random seed (LLAMA_DEFAULT_SEED)
+MAX_DRAFT_K = 64
+# ggml's thread pool holds at most GGML_MAX_N_THREADS (512) threads; beyond it llama.cpp crashes.
+MAX_THREADS = 512
+MAX_INT32 = 2**31 - 1
+AUTO = "auto"
+
+
+def _finite(v: float) -> bool:
+    return math.isfinite(v)
+
+
+def _temperature_problem(t: float) -> str | None:
+    if 0 < t < MIN_TEMPERATURE:
+        return (f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {t:g}: a smaller temperature "
+                "is greedy in all but name and overflows the arithmetic")
+    return None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its name (the field, the models.toml key), its flag, the kind of value, what a valid
+    value is (`expected`, for messages), the check, and the help text."""
+
+    name: str
+    flag: str
+    kind: str  # "int" | "float" | "bool" | "k" | "seed" | "stops"
+    expected: str
+    valid: Callable[[Any], bool]
+    help: str
+    # A further check with its own message (None: fine); runs after `valid`.
+    problem: Callable[[Any], str | None] | None = None
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("temp", "--temp", "float", "a finite number >= 0 (0 is greedy)",
+            lambda v: _finite(v) and v >= 0, "Temperature; 0 is greedy.", _temperature_problem),
+    Setting("top_k", "--top-k", "int", "a whole number >= 0 (0: off)", lambda v: 0 <= v <= MAX_INT32,
+            "Keep the k most likely tokens (0: off)."),
+    Setting("top_p", "--top-p", "float", "a number in (0, 1] (1: off)", lambda v: 0 < v <= 1,
+            "Nucleus sampling mass, in (0, 1] (1: off)."),
+    Setting("min_p", "--min-p", "float", "a number in [0, 1] (0: off)", lambda v: 0 <= v <= 1,
+            "Drop tokens below P × the top probability (0: off)."),
+    Setting("draft_max", "--draft-max", "k", f'a whole number from 0 to {MAX_DRAFT_K}, or "auto"',
+            lambda v: v == AUTO or 0 <= v <= MAX_DRAFT_K,
+            f"Tokens drafted per round (0..{MAX_DRAFT_K}), or 'auto': chosen from measured costs and "
+            "draft confidence."),
+    Setting("draft_p_min", "--draft-p-min", "float", "a number in [0, 1]", lambda v: 0 <= v <= 1,
+            "Stop drafting in a round when the draft's top probability falls below P."),
+    Setting("max_tokens", "--max-tokens", "int", "a whole number >= 1", lambda v: 1 <= v <= MAX_INT32,
+            "Tokens to generate at most."),
+    Setting("seed", "--seed", "seed", f"a whole number from 0 to {MAX_SEED}, or -1 for a random seed",
+            lambda v: v is None or 0 <= v <= MAX_SEED,
+            "Random seed (-1: random; the one used is in --json)."),
+    Setting("stop", "--stop", "stops", "a non-empty text", lambda v: True,
+            "Stop when this text appears (repeatable)."),
+    Setting("same_as_plain", "--same-as-plain", "bool", "true or false", lambda v: True,
+            "Accept a draft token only where it equals the target's own draw, so a seeded run prints "
+            "exactly what --no-draft prints (default). --no-same-as-plain: the classic rejection rule, "
+            "higher acceptance with a draft model, same distribution, but not plain's tokens."),
+    Setting("ignore_eos", "--ignore-eos", "bool", "true or false", lambda v: True,
+            "Never stop at end-of-text: generate -n tokens."),
+    Setting("ctx", "--ctx", "int", f"a whole number from {MIN_CONTEXT} to {MAX_CONTEXT} (tokens of context)",
+            lambda v: MIN_CONTEXT <= v <= MAX_CONTEXT, "Context size in tokens."),
+    Setting("threads", "--threads", "int", f"a whole number from 0 to {MAX_THREADS} (0: one per core)",
+            lambda v: 0 <= v <= MAX_THREADS, "CPU threads (0: one per core)."),
+    Setting("gpu_layers", "--gpu-layers", "int", "a whole number >= 0 (or -1: all layers)",
+            lambda v: -1 <= v <= MAX_INT32, "Layers to offload to the GPU (Metal/CUDA builds; -1: all)."),
+)}
+SETTING_NAMES: tuple[str, ...] = tuple(SETTINGS)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The effective settings of a run (after every source is merged). Defaults: llama.cpp's sampler
+    settings (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8), `-k auto`, same-as-plain."""
+
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    draft_max: int | str = AUTO
+    draft_p_min: float = 0.0
+    max_tokens: int = 256
+    seed: int | None = None  # None: a random seed per generation
+    stop: tuple[str, ...] = ()
+    same_as_plain: bool = True
+    ignore_eos: bool = False
+    ctx: int = 4096
+    threads: int = 0  # 0: one per core
+    gpu_layers: int = 0
+
+    def merged(self, *updates: Mapping[str, Any]) -> RunSettings:
+        """These settings with each checked update (from `parse_updates`) applied in turn."""
+        out = self
+        for values in updates:
+            if values:
+                out = replace(out, **values)
+        return out
+
+    def updated(self, values: Mapping[str, Any], source: Source) -> RunSettings:
+        """These settings with raw `values` from `source`, checked (SettingError) and applied."""
+        return self.merged(parse_updates(values, source))
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+
+    def seeded(self) -> RunSettings:
+        """These settings with a concrete seed: a random one is drawn here, the only place specli
+        draws one, when none is set."""
+        return self if self.seed is not None else replace(self, seed=secrets.randbelow(MAX_SEED + 1))
+
+    def seed_at(self, offset: int) -> int:
+        """The seed of the `offset`-th generation of a series (chat's turns, bench's pairs): the seed
+        plus the offset, wrapped within the seed range so each can be given back to `--seed`."""
+        assert self.seed is not None
+        return (self.seed + offset) % (MAX_SEED + 1)
+
+    def generation_params(self, seed_offset: int = 0) -> GenerationParams:
+        """The engine's parameters for one generation (the one place they are built); without a seed,
+        a random one (see `seeded`)."""
+        from specli.engine import GenerationParams
+
+        return GenerationParams(
+            max_tokens=self.max_tokens, sampling=self.sampling, seed=self.seeded().seed_at(seed_offset),
+            stop=self.stop, draft_max=self.draft_max, ignore_eos=self.ignore_eos,
+            same_as_plain=self.same_as_plain,
+        )
+
+    def validate(self) -> RunSettings:
+        """Check every value (for settings built in code rather than parsed): SettingError naming the
+        field, or these settings."""
+        source = Source(text=False, spellings={})
+        for name in SETTINGS:
+            value = getattr(self, name)
+            if name == "seed" and value is None:
+                continue
+            parse_value(name, list(value) if name == "stop" else value, source)
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# The built-in defaults of each command, where they differ from RunSettings'.
+COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "run": {},
+    "chat": {"max_tokens": 512},
+    # As llama-bench: every run generates exactly -n tokens; pairs are seeded from 0 unless -s says.
+    "bench": {"max_tokens": 128, "ctx": 2048, "seed": 0, "ignore_eos": True},
+    "demo": {"max_tokens": 96, "temp": 0.0},
+    "serve": {},
+}
+
+
+def defaults_for(command: str) -> RunSettings:
+    return RunSettings().merged(COMMAND_DEFAULTS[command])
+
+
+DEFAULT_SAMPLING = RunSettings().sampling  # the figures to quote as "default sampling"
+
+
+# -- sources --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where values come from and how the user spells each setting there. `text`: values arrive as text
+    to parse (a flag, a slash command); otherwise as typed values (TOML, JSON) whose type must fit."""
+
+    text: bool
+    spellings: Mapping[str, str]
+    file: str | None = None
+    lines: Mapping[str, int] | None = None
+
+    def spell(self, name: str) -> str:
+        return self.spellings.get(name, name)
+
+    def error(self, name: str, problem: str) -> SettingError:
+        line = self.lines.get(name) if self.lines else None
+        return SettingError(self.spell(name), problem, file=self.file, line=line)
+
+
+FLAGS = Source(text=True, spellings={n: s.flag for n, s in SETTINGS.items()})
+
+
+def file_source(file: str, table: str, lines: Mapping[str, int] | None = None) -> Source:
+    """Values of a models.toml table (`defaults`, `models.NAME`), named as `table.key` at their line."""
+    return Source(text=False, spellings={n: f"{table}.{n}" for n in SETTINGS}, file=file, lines=lines)
+
+
+def parse_updates(values: Mapping[str, Any], source: Source) -> dict[str, Any]:
+    """Check `values` (setting name -> raw value; None: not given) from `source`: the normalised values,
+    or SettingError for the first wrong one (an unknown name is a programming error: KeyError)."""
+    out: dict[str, Any] = {}
+    for name, raw in values.items():
+        if raw is None:
+            continue
+        out[name] = parse_value(name, raw, source)
+    return out
+
+
+def parse_value(name: str, raw: Any, source: Source) -> Any:
+    setting = SETTINGS[name]
+    value = _convert(setting, raw, source, name)
+    if not setting.valid(value):
+        raise source.error(name, f"must be {setting.expected}, got {_show(value if source.text else raw)}")
+    if setting.problem is not None and (why := setting.problem(value)) is not None:
+        raise source.error(name, why)
+    return value
+
+
+def _convert(setting: Setting, raw: Any, source: Source, name: str) -> Any:
+    kind = setting.kind
+    if kind == "stops":
+        items = [raw] if isinstance(raw, str) else raw
+        if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+            raise source.error(name, f"must be {setting.expected} (or a list of them), got {_show(raw)}")
+        for s in items:
+            valid_text(s, source.spell(name))
+            if not s:
+                raise source.error(name, "must not be empty: an empty stop text would stop at once")
+        return tuple(dict.fromkeys(items))
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if source.text and isinstance(raw, str) and raw.strip().lower() in ("true", "false", "1", "0"):
+            return raw.strip().lower() in ("true", "1")
+        raise source.error(name, f"must be true or false, got {_show(raw)}")
+    if source.text and isinstance(raw, str):
+        text = raw.strip()
+        if kind == "k" and text == AUTO:
+            return AUTO
+        try:
+            number: float = float(text) if kind == "float" else int(text)
+        except ValueError:
+            raise source.error(name, f"takes {setting.expected}, not {raw.strip()!r}") from None
+        raw = number
+    if kind == "k" and raw == AUTO:
+        return AUTO
+    if kind == "float":
+        if not isinstance(raw, (int, float)) or isinstance(raw, bool):
+            raise source.error(name, f"must be {setting.expected}, got {_show(raw)}")
+        if not math.isfinite(raw):
+            raise source.error(name, f"must be {setting.expected}, got {_show(raw)}")
+        return float(raw)
+    if not isinstance(raw, int) or isinstance(raw, bool):
+        raise source.error(name, f"must be {setting.expected}, got {_show(raw)}")
+    if kind == "seed" and raw == RANDOM_SEED:
+        return None
+    return raw
+
+
+def _show(raw: Any) -> str:
+    if isinstance(raw, float):
+        return f"{raw:g}"
+    return repr(raw) if isinstance(raw, str) else str(raw)
+
+
+# -- text input -----------------------------------------------------------------------------------------
+
+
+def valid_text(text: str, what: str) -> str:
+    """`text` if it is valid Unicode. Bytes that are not UTF-8 (in argv or on stdin) reach Python as
+    lone surrogates and would fail much later with "surrogates not allowed"."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start : e.end].encode("utf-8", "surrogateescape")[:4]
+        raise UsageProblem(
+            f"{what} is not valid UTF-8 text (byte {bad.hex(' ')} at character {e.start})"
+        ) from None
+    return text
+
+
+def decode_input(data: bytes, what: str) -> str:
+    """Bytes read from stdin or a file as UTF-8, or a one-line UsageProblem saying where they are not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageProblem(f"{what} is not valid UTF-8 text (byte {data[e.start:e.start + 1].hex()} at "
+                           f"offset {e.start})") from None
