@@ -66,8 +66,10 @@ def given_settings(context: typer.Context) -> dict:
     return parse_updates(raw, FLAGS)
 
 
-TargetOpt = typer.Option(..., "--target", "-m", help="Target model: a .gguf path or a models.toml name.")
-DraftOpt = typer.Option(None, "--draft", "-md", help=draft_help())
+TargetOpt = typer.Option(
+    ..., "--target", "-m", metavar="MODEL", help="Target model: a .gguf path or a models.toml name."
+)
+DraftOpt = typer.Option(None, "--draft", "-md", metavar="DRAFT", help=draft_help())
 NoDraftOpt = typer.Option(
     False, "--no-draft", help="Plain target decoding through the same code path (baseline)."
 )
@@ -84,7 +86,7 @@ SameAsPlainOpt = setting_option("same_as_plain", "--same-as-plain/--no-same-as-p
 ThreadsOpt = setting_option("threads", "-t", "--threads")
 GpuLayersOpt = setting_option("gpu_layers", "-ngl", "--gpu-layers")
 VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's own log.")
-ConfigOpt = typer.Option(None, "--config", help="models.toml to look names up in.")
+ConfigOpt = typer.Option(None, "--config", metavar="FILE", help="models.toml to look names up in.")
 
 
 def _load(plan: Plan, *, verbose: bool, err: Console) -> Speculator:
@@ -112,7 +114,7 @@ def _root(
 @app.command()
 def run(
     context: typer.Context,
-    prompt: str = typer.Argument(..., help="The prompt, or '-' to read it from stdin."),
+    prompt: str = typer.Argument(..., metavar="PROMPT", help="The prompt, or '-' to read it from stdin."),
     target: str = TargetOpt,
     draft: str | None = DraftOpt,
     no_draft: bool = NoDraftOpt,
@@ -229,12 +231,20 @@ def bench(
     context: typer.Context,
     target: str = TargetOpt,
     draft: str | None = DraftOpt,
-    k: str = typer.Option("1,2,4,8", "-k", "--draft-max", help="Draft lengths to compare, e.g. 1,2,4,auto."),
-    temps: str = typer.Option("0,0.7,1.0", "--temp", help="Temperatures to compare, e.g. 0,0.7,1.0."),
-    prompts: Path | None = typer.Option(None, "--prompts", help="Your prompts: one per line, or JSONL."),
+    k: str = typer.Option(
+        "1,2,4,8", "-k", "--draft-max", metavar="LIST", help="Draft lengths to compare, e.g. 1,2,4,auto."
+    ),
+    temps: str = typer.Option(
+        "0,0.7,1.0", "--temp", metavar="LIST", help="Temperatures to compare, e.g. 0,0.7,1.0."
+    ),
+    prompts: Path | None = typer.Option(
+        None, "--prompts", metavar="FILE", help="Your prompts: one per line, or JSONL."
+    ),
     max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="bench",
                                             help="Tokens per run."),
-    repeat: int = typer.Option(3, "--repeat", min=1, help="Interleaved plain/speculative pairs per prompt."),
+    repeat: int = typer.Option(
+        3, "--repeat", min=1, metavar="INT", help="Interleaved plain/speculative pairs per prompt."
+    ),
     draft_p_min: str | None = DraftPMinOpt,
     ngram: bool = NgramOpt,
     top_k: str | None = TopKOpt,
@@ -250,8 +260,12 @@ def bench(
         "ignore_eos", "--ignore-eos/--stop-at-eos", command="bench",
         help="Generate exactly -n tokens per run, as llama-bench (default), or stop at end-of-text.",
     ),
-    json_path: Path | None = typer.Option(None, "--json", help="Write every figure to this JSON file."),
-    csv_path: Path | None = typer.Option(None, "--csv", help="Write one row per run to this CSV file."),
+    json_path: Path | None = typer.Option(
+        None, "--json", metavar="FILE", help="Write every figure to this JSON file."
+    ),
+    csv_path: Path | None = typer.Option(
+        None, "--csv", metavar="FILE", help="Write one row per run to this CSV file."
+    ),
     verbose: bool = VerboseOpt,
     config: Path | None = ConfigOpt,
 ) -> None:
@@ -321,12 +335,14 @@ def _write_failure(problems: list[str]) -> typer.Exit:
 def chat(
     context: typer.Context,
     name: str | None = typer.Argument(
-        None, help="Target: a models.toml name or .gguf path (or use --target)."
+        None, metavar="MODEL", help="Target: a models.toml name or .gguf path (or use --target)."
     ),
-    target: str | None = typer.Option(None, "--target", "-m", help="Target model: a .gguf path or a name."),
+    target: str | None = typer.Option(
+        None, "--target", "-m", metavar="MODEL", help="Target model: a .gguf path or a name."
+    ),
     draft: str | None = DraftOpt,
     no_draft: bool = NoDraftOpt,
-    system: str | None = typer.Option(None, "--system", help="The system message."),
+    system: str | None = typer.Option(None, "--system", metavar="TEXT", help="The system message."),
     max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="chat",
                                             help="Tokens per reply at most."),
     draft_max: str | None = setting_option("draft_max", "-k", "--draft-max", command="chat"),
@@ -381,7 +397,7 @@ app.add_typer(models_app, name="models")
 @models_app.callback(invoke_without_command=True)
 def models_list(
     context: typer.Context,
-    config: Path | None = typer.Option(None, "--config", help="models.toml to read."),
+    config: Path | None = typer.Option(None, "--config", metavar="FILE", help="models.toml to read."),
     json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
 ) -> None:
     """List the models in models.toml: file present or missing, size, architecture, parameters, vocab."""
@@ -410,9 +426,9 @@ def models_list(
 
 @models_app.command("check")
 def models_check(
-    target: str = typer.Argument(..., help="Target: a .gguf path or a models.toml name."),
-    draft: str = typer.Argument(..., help="Draft: a .gguf path or a models.toml name."),
-    config: Path | None = typer.Option(None, "--config", help="models.toml to look names up in."),
+    target: str = typer.Argument(..., metavar="TARGET", help="Target: a .gguf path or a models.toml name."),
+    draft: str = typer.Argument(..., metavar="DRAFT", help="Draft: a .gguf path or a models.toml name."),
+    config: Path | None = ConfigOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Can DRAFT draft for TARGET? The engine's vocabulary check, as a report."""
@@ -460,7 +476,7 @@ def _demo_writer():
 
 @app.command("demo-models")
 def demo_models(
-    directory: Path = typer.Argument(Path("demo-models"), help="Where to write the pair."),
+    directory: Path = typer.Argument(Path("demo-models"), metavar="DIR", help="Where to write the pair."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if the files exist."),
 ) -> None:
     """Write a realistic-shaped demo pair (target ~ Qwen2-0.5B in shape, draft ~15x cheaper), offline."""

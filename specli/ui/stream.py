@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specli.drafters.base import Source
+from specli.drafters.registry import colour_of
 from specli.events import Event, Origin, RejectedEvent, TokenEvent
 from specli.stats import GenerationStats
 
@@ -23,9 +24,8 @@ ORIGIN_STYLES: dict[Origin, str] = {
     Origin.BONUS: "cyan",
     Origin.PLAIN: "",
 }
-# Accepted tokens by the role of the source that drafted them, when a drafter has more than one
-# (combined drafting: a draft model and n-gram lookup).
-ROLE_STYLES = {"model": "green", "lookup": "magenta"}
+# Accepted tokens take the colour of the source that drafted them (the drafter registry's) when a
+# drafter has more than one (combined drafting: a draft model and n-gram lookup).
 REJECTED_STYLE = "red dim strike"
 
 
@@ -33,7 +33,7 @@ def legend(show_rejected: bool, sources: Sequence[Source] = ()) -> Text:
     text = Text()
     if len(sources) > 1:
         for source in sources:
-            text.append("■ ", style=ROLE_STYLES.get(source.role, "green"))
+            text.append("■ ", style=colour_of(source.name))
             text.append(f"accepted ({source.name})  ", style="dim")
     else:
         text.append("■ ", style="green")
@@ -57,7 +57,7 @@ class TokenPrinter:
         self.console = console
         self.show_rejected = show_rejected
         self.source_styles = (
-            {s.name: ROLE_STYLES.get(s.role, "green") for s in sources} if len(sources) > 1 else {}
+            {s.name: colour_of(s.name) for s in sources} if len(sources) > 1 else {}
         )
 
     def __call__(self, event: Event) -> None:

@@ -1,0 +1,143 @@
+"""The shape of the package: the core below the front ends, no import circles, and a drafter registry
+that every front end reads (a new drafter is one file and one entry)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.style import Style
+from typer.testing import CliRunner
+
+import specli
+from specli import load
+from specli.cli import app
+from specli.drafters.registry import DRAFTERS, RESERVED_NAMES, colour_of, draft_help, drafter_kind
+from specli.settings import SettingError
+
+PACKAGE = Path(specli.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Modules of the package that `path` imports anywhere (functions too), but under TYPE_CHECKING."""
+    found: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(alias.name for alias in node.names)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+
+    Visitor().visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {m for m in found if m in modules}
+
+
+def test_no_import_circles() -> None:
+    modules = _modules()
+    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    state: dict[str, int] = {}
+    trail: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        trail.append(name)
+        for other in sorted(graph[name]):
+            if state.get(other) == 1:
+                circles.append([*trail[trail.index(other):], other])
+            elif other not in state:
+                visit(other)
+        trail.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert not circles, [" -> ".join(c) for c in circles]
+
+
+CORE = ("llama", "sampling", "verify", "drafters.base", "drafters.model", "drafters.ngram", "drafters.mtp",
+        "drafters.combined", "drafters.registry", "policy", "proposer", "costs", "engine", "api", "settings",
+        "runplan", "config")
+
+
+@pytest.mark.parametrize("module", ["specli", "specli.api", *(f"specli.{m}" for m in CORE)])
+def test_the_core_loads_no_front_end(module: str) -> None:
+    code = f"import sys, {module}; print(sorted(m for m in ('typer', 'rich', 'click') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"{module} loads {proc.stdout.strip()}"
+
+
+def test_the_synthetic_model_writer_is_not_in_the_runtime_package() -> None:
+    assert not (PACKAGE / "synth").exists()
+    for path in PACKAGE.rglob("*.py"):
+        assert "specli_synth" not in path.read_text(encoding="utf-8") or path.name == "cli.py", path
+
+
+# -- the drafter registry ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_every_registered_drafter_is_described_coloured_and_offered(name: str) -> None:
+    kind = DRAFTERS[name]
+    assert kind.description and kind.needs
+    Style.parse(kind.colour)  # a colour the terminal (and the page) can show
+    assert colour_of(name) == kind.colour
+    if kind.reserved:
+        assert name in draft_help() and drafter_kind(name) is kind
+    help_text = " ".join(CliRunner().invoke(app, ["run", "--help"]).stdout.split())
+    assert kind.description.split(":")[0] in help_text or not kind.reserved
+
+
+@pytest.mark.parametrize("name", RESERVED_NAMES)
+def test_reserved_drafter_names_cannot_name_a_model(name: str, tmp_path: Path) -> None:
+    from specli.config import ConfigError, load_config
+
+    path = tmp_path / "models.toml"
+    path.write_text(f'[models.{name}]\npath = "x.gguf"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=f"'{name}' is reserved"):
+        load_config(path)
+
+
+def test_the_registry_builds_each_drafter(fixture_models) -> None:
+    """Each entry's factory, through api.load as every front end uses it: the drafter it builds names
+    its tokens with the entry's name, or refuses the target with a message naming the way out."""
+    for name, kind in DRAFTERS.items():
+        draft = fixture_models.draft if not kind.reserved else name
+        try:
+            spec = load(fixture_models.target, draft, n_ctx=256, n_threads=1)
+        except ValueError as e:
+            assert kind.loads_target_mtp and "no MTP" in str(e)  # the fixture target has no MTP layers
+            continue
+        with spec:
+            assert spec.drafter is not None and name in [s.name for s in spec.drafter.sources]
+    assert drafter_kind(None) is None and drafter_kind("some/model.gguf") is DRAFTERS["draft"]
+
+
+def test_a_setting_error_names_the_option_as_typed(fixture_models) -> None:
+    result = CliRunner().invoke(app, ["run", "--target", str(fixture_models.target), "--top-p", "nan", "x"])
+    assert result.exit_code == 2
+    assert "--top-p must be a number in (0, 1] (1: off), got nan" in result.stderr
+    error = SettingError("/temp", "must be 0 or more")
+    assert (error.option, str(error)) == ("/temp", "/temp must be 0 or more")
