@@ -87,36 +87,42 @@ class Setting:
     help: str
     # A further check with its own message (None: fine); runs after `valid`.
     problem: Callable[[Any], str | None] | None = None
+    # Its field in an OpenAI-style request (`specli serve`; llama-server's names where OpenAI has none),
+    # None: not settable per request (it shapes the loaded models).
+    request: str | None = None
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("temp", "--temp", "float", "a finite number >= 0 (0 is greedy)",
-            lambda v: _finite(v) and v >= 0, "Temperature; 0 is greedy.", _temperature_problem),
+            lambda v: _finite(v) and v >= 0, "Temperature; 0 is greedy.", _temperature_problem,
+            request="temperature"),
     Setting("top_k", "--top-k", "int", "a whole number >= 0 (0: off)", lambda v: 0 <= v <= MAX_INT32,
-            "Keep the k most likely tokens (0: off)."),
+            "Keep the k most likely tokens (0: off).", request="top_k"),
     Setting("top_p", "--top-p", "float", "a number in (0, 1] (1: off)", lambda v: 0 < v <= 1,
-            "Nucleus sampling mass, in (0, 1] (1: off)."),
+            "Nucleus sampling mass, in (0, 1] (1: off).", request="top_p"),
     Setting("min_p", "--min-p", "float", "a number in [0, 1] (0: off)", lambda v: 0 <= v <= 1,
-            "Drop tokens below P × the top probability (0: off)."),
+            "Drop tokens below P × the top probability (0: off).", request="min_p"),
     Setting("draft_max", "--draft-max", "k", f'a whole number from 0 to {MAX_DRAFT_K}, or "auto"',
             lambda v: v == AUTO or 0 <= v <= MAX_DRAFT_K,
             f"Tokens drafted per round (0..{MAX_DRAFT_K}), or 'auto': chosen from measured costs and "
-            "draft confidence."),
+            "draft confidence.", request="speculative.n_max"),
     Setting("draft_p_min", "--draft-p-min", "float", "a number in [0, 1]", lambda v: 0 <= v <= 1,
-            "Stop drafting in a round when the draft's top probability falls below P."),
+            "Stop drafting in a round when the draft's top probability falls below P.",
+            request="speculative.p_min"),
     Setting("max_tokens", "--max-tokens", "int", "a whole number >= 1", lambda v: 1 <= v <= MAX_INT32,
-            "Tokens to generate at most."),
+            "Tokens to generate at most.", request="max_tokens"),
     Setting("seed", "--seed", "seed", f"a whole number from 0 to {MAX_SEED}, or -1 for a random seed",
             lambda v: v is None or 0 <= v <= MAX_SEED,
-            "Random seed (-1: random; the one used is in --json)."),
+            "Random seed (-1: random; the one used is in --json).", request="seed"),
     Setting("stop", "--stop", "stops", "a non-empty text", lambda v: True,
-            "Stop when this text appears (repeatable)."),
+            "Stop when this text appears (repeatable).", request="stop"),
     Setting("same_as_plain", "--same-as-plain", "bool", "true or false", lambda v: True,
             "Accept a draft token only where it equals the target's own draw, so a seeded run prints "
             "exactly what --no-draft prints (default). --no-same-as-plain: the classic rejection rule, "
-            "higher acceptance with a draft model, same distribution, but not plain's tokens."),
+            "higher acceptance with a draft model, same distribution, but not plain's tokens.",
+            request="same_as_plain"),
     Setting("ignore_eos", "--ignore-eos", "bool", "true or false", lambda v: True,
-            "Never stop at end-of-text: generate -n tokens."),
+            "Never stop at end-of-text: generate -n tokens.", request="ignore_eos"),
     Setting("ctx", "--ctx", "int", f"a whole number from {MIN_CONTEXT} to {MAX_CONTEXT} (tokens of context)",
             lambda v: MIN_CONTEXT <= v <= MAX_CONTEXT, "Context size in tokens."),
     Setting("threads", "--threads", "int", f"a whole number from 0 to {MAX_THREADS} (0: one per core)",
@@ -240,6 +246,9 @@ class Source:
 
 
 FLAGS = Source(text=True, spellings={n: s.flag for n, s in SETTINGS.items()})
+# A request's JSON fields (`specli serve`): typed values, named as the request names them.
+REQUEST = Source(text=False, spellings={n: s.request for n, s in SETTINGS.items() if s.request})
+REQUEST_FIELDS: dict[str, str] = {s.request: n for n, s in SETTINGS.items() if s.request}
 
 
 def file_source(file: str, table: str, lines: Mapping[str, int] | None = None) -> Source:
