@@ -14,10 +14,13 @@ T_v is measured per batch size; `verify_curve` is the one rule for the sizes not
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 # With one batched size measured, the extra cost per token assumed beyond it, as a share of T_v(1):
 # optimistic (GPUs are nearly flat), so that auto tries larger batches and measures them.
@@ -39,6 +42,30 @@ def expected_tokens(a1: float, a2: float, k: int) -> float:
     if a2 >= 1.0:
         return 1.0 + a1 * k
     return 1.0 + a1 * (1.0 - a2**k) / (1.0 - a2)
+
+
+def run_gain(first: float, f: float, n: np.ndarray) -> np.ndarray:
+    """E[accepted] of n more drafts when the first passes with probability `first` and each later one
+    with `f` given the one before passed: first (1 - f^n) / (1 - f) (each n of the array)."""
+    return first * (1.0 - f**n) / (1.0 - f) if f < 1.0 else first * n
+
+
+def run_cost(verify: np.ndarray, i: int, n: np.ndarray, c_draft: float) -> np.ndarray:
+    """Seconds that drafting positions i .. i+n-1 adds to a round that drafts up to i - 1, beyond the
+    draft step already taken for position i: the larger verify batch, T_v(i+n+1) - T_v(i+1), and n - 1
+    more draft steps (`verify`: T_v(1..), index m - 1)."""
+    return verify[i + n] - verify[i] + (n - 1) * c_draft
+
+
+def best_net_gain(first: float, f: float, verify: np.ndarray, i: int, n_max: int, c_draft: float,
+                  rate: float) -> float:
+    """The most that drafting on from position i gains, over lengths n = 1 .. n_max: E[accepted]
+    (`run_gain`) less its cost (`run_cost`) in tokens at `rate`. > 0: drafting position i pays."""
+    n_max = min(n_max, len(verify) - 1 - i)
+    if n_max < 1:
+        return -math.inf
+    n = np.arange(1, n_max + 1)
+    return float((run_gain(first, f, n) - rate * run_cost(verify, i, n, c_draft)).max())
 
 
 def later_examined(k: int, accepted: int) -> int:

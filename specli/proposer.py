@@ -1,11 +1,10 @@
 """The engine's one question each round, "what do we draft?", and the one report it gives back.
 
 A `Proposer` puts a drafter and a draft-length policy behind that interface. Everything adaptive
-lives here or in the policy: the k of each round, the gate that stops a confident drafter on doubt,
-shadow proposals (at k = 0 the drafter still looks at the next position, unverified, so the policy
-learns when drafting pays again), held positions (where a gate stopped, scored when the target gets
-there anyway), calibration, and what drafting cost. The engine sees a `Draft` and reports a
-`RoundResult`; it never learns what a shadow is.
+lives here or in the policy: how far each round drafts, the gate that stops a drafter on doubt, held
+positions (where a gate stopped, scored when the target gets there anyway; a gate that holds position
+0 makes a shadow, so the policy learns when drafting pays again), calibration, and what drafting
+cost. The engine sees a `Draft` and reports a `RoundResult`; it never learns what a shadow is.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 
 from specli.costs import CostModel
 from specli.drafters.base import Draft, Drafter
-from specli.policy import AutoK, DraftPolicy, FixedK, Learned
+from specli.policy import AutoK, DraftPolicy, FixedK, Learned, RoundReport
 from specli.sampling import Sampler
 from specli.verify import Verdict, acceptance_of
 
@@ -55,7 +54,8 @@ class Proposer:
 
 
 class DraftingProposer(Proposer):
-    """A drafter and a policy: each round the policy chooses k (and a gate), the drafter drafts."""
+    """A drafter and a policy: each round the policy decides how far to draft and gives a gate, the
+    drafter drafts, and the round's outcome goes back to the policy as one RoundReport."""
 
     def __init__(self, drafter: Drafter, policy: DraftPolicy) -> None:
         self.drafter = drafter
@@ -63,60 +63,45 @@ class DraftingProposer(Proposer):
         self.name = drafter.name
         self._same_as_plain = False
         self._source: str | None = None
-        self._shadow: Draft | None = None
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._same_as_plain = sampler.same_as_plain
         self.drafter.begin(context, sampler)
 
     def propose(self, context: list[int], limit: int) -> Draft:
-        drafter, policy = self.drafter, self.policy
-        self._source = source = drafter.next_source(context)
-        k = max(0, min(policy.choose_k(source), limit))
-        # A shadow: at k = 0 the drafter may still look at the next position without the target
-        # verifying anything there (it decodes only the pending token). How likely that proposal
-        # was to be accepted tells the policy whether drafting pays again.
-        shadow = k == 0 and policy.wants_shadow(source)
-        self._shadow = None
-        if k == 0 and not shadow:
+        drafter = self.drafter
+        source = drafter.next_source(context)
+        decision = self.policy.decide(source, limit)
+        # At k = 0 with a look, the gate holds position 0: the drafter proposes nothing, and what it
+        # would have proposed there is scored against the target's row (a shadow).
+        self._source = source if decision.k or decision.look else None
+        if self._source is None:
             return Draft.empty(drafter.name)
-        draft = drafter.draft(context, k or 1, policy.gate(source, k or 1, shadow=shadow))
-        if shadow and draft.tokens:
-            # A drafter without a gate still proposed: set the proposal aside, unverified.
-            self._shadow, draft = draft, Draft.empty(draft.drafter)
-        return draft
+        return drafter.draft(context, max(decision.k, 1), self.policy.gate(source, decision))
 
     def observe(self, result: RoundResult) -> None:
         self.drafter.accept(result.context)
-        source, policy, draft, verdict = self._source, self.policy, result.draft, result.verdict
-        if source is None:
-            return
-        if self._shadow is not None:
-            shadow = self._shadow
-            q = shadow.probs[0] if shadow.probs is not None else None
-            policy.observe_shadow(
-                source, acceptance_of(verdict, 0, shadow.tokens[0], q, self._same_as_plain),
-                result.draft_seconds,
-            )
-        k = len(draft.tokens)
-        # What a draft position costs: a catch-up after plain rounds is left out, with the first
-        # position where the drafter evaluated it in the same decode.
-        catch_up = draft.catch_up_seconds
-        policy.observe(
-            source,
-            k,
-            verdict.n_accepted,
-            result.draft_seconds - catch_up,
-            result.verify_seconds,
-            draft.confidence,
-            k + (draft.held is not None) - draft.first_in_catch_up,
-        )
-        held = draft.held
+        draft, verdict = result.draft, result.verdict
+        k, held = len(draft.tokens), draft.held
+        scored = None
         if held is not None and verdict.n_accepted == k:
-            # The target's row at the position the gate stopped at is here anyway (the bonus row,
-            # or the only row of a plain round): score what the draft would have proposed.
-            accepted = acceptance_of(verdict, k, held.token, held.probs, self._same_as_plain)
-            policy.observe_held(source, k, held.confidence, accepted)
+            # The target's row at the position the gate held is here anyway (the bonus row, or the
+            # only row of a plain round): score what the draft would have proposed there.
+            scored = (held.confidence, acceptance_of(verdict, k, held.token, held.probs, self._same_as_plain))
+        first = draft.confidence[0] if k and draft.confidence else (held.confidence if held else None)
+        self.policy.observe(RoundReport(
+            source=self._source,
+            drafted=k,
+            accepted=verdict.n_accepted,
+            # A catch-up after plain rounds is a debt of those rounds, not this draft's cost; the
+            # first position goes with it when the catch-up decode also evaluated it.
+            draft_seconds=result.draft_seconds - draft.catch_up_seconds,
+            verify_seconds=result.verify_seconds,
+            positions=k + (held is not None) - draft.first_in_catch_up,
+            confidence=draft.confidence,
+            first_confidence=first,
+            held=scored,
+        ))
 
     @property
     def decode_seconds(self) -> float:
@@ -131,7 +116,5 @@ def make_proposer(
     if drafter is None:
         return Proposer()
     if draft_max == "auto":
-        confident = [s.name for s in drafter.sources if s.confident]
-        return DraftingProposer(drafter, AutoK(costs, learned, confident=confident))
+        return DraftingProposer(drafter, AutoK(costs, learned))
     return DraftingProposer(drafter, FixedK(int(draft_max)))
-

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from specli.bench.aggregate import bench_notes, first_difference, iter_pairs
 from specli.bench.files import write_csv, write_json
-from specli.bench.measure import run_bench
+from specli.bench.measure import curve_sizes, run_bench
 from specli.bench.prediction import VerifyCurve, VerifyPoint, predicted_speedup
 from specli.bench.results import BenchResult, Spread
 from specli.bench.suite import (
@@ -38,7 +38,7 @@ from specli.bench.suite import (
 )
 from specli.cli import app
 from specli.errors import UsageProblem
-from specli.settings import SETTINGS, defaults_for
+from specli.settings import MAX_DRAFT_K, SETTINGS, defaults_for
 from specli.stats import expected_tokens_per_round
 from specli.ui.bench_view import render_bench
 
@@ -256,8 +256,9 @@ def test_ngram_drafter_and_auto_k(fixture_models) -> None:
     result = run_bench(tiny_config(fixture_models, draft="ngram", ks=["auto"], temps=[0.0], repeat=1))
     assert result.draft is None and result.drafter == "ngram"
     assert result.curve.draft_ms_per_token is None
-    # auto may draft up to AutoK's k_max, so the curve reaches k_max + 1.
-    assert len(result.curve.points) == 13
+    # auto may draft up to MAX_DRAFT_K, so the curve reaches MAX_DRAFT_K + 1 (sparser past 17 tokens).
+    assert [p.m for p in result.curve.points] == curve_sizes(MAX_DRAFT_K + 1)
+    assert curve_sizes(MAX_DRAFT_K + 1)[16:] == [17, 25, 33, 41, 49, 57, 65]
     assert result.configs[0].pairs == len(PROMPTS)
     render_bench(result, Console(record=True, width=120))
 

@@ -137,9 +137,9 @@ def test_auto_k_keeps_estimates_per_proposer_when_combined(fixture_models) -> No
     with load(fixture_models.target, fixture_models.draft, n_ctx=512, ngram=True, n_threads=1) as spec:
         got, _, gen = generate(spec, text, max_tokens=60, sampling=GREEDY, draft_max="auto")
         assert got == plain_greedy(fixture_models.target, text, 60)
-        # What auto learned per source (each generation's estimate is the next one's prior).
-        assert set(spec.engine.learned.acceptance) <= {"ngram", "draft"}
-        assert spec.engine.learned.acceptance
+        # What auto learned per source (each generation's calibration is the next one's start).
+        assert set(spec.engine.learned.calibration) <= {"ngram", "draft"}
+        assert spec.engine.learned.calibration
 
 
 def test_auto_gates_the_draft_model_by_its_confidence(fixture_models) -> None:

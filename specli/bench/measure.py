@@ -157,10 +157,19 @@ def curve_prefix(tokenized: list[list[int]], max_tokens: int, limit: int) -> lis
     return (pool * (length // len(pool) + 1))[:length]
 
 
+def curve_sizes(max_m: int) -> list[int]:
+    """The batch sizes a curve measures: each up to 17 (where CPU staircases have their steps), then
+    every 8th, and max_m itself; sizes between are interpolated (costs.verify_curve)."""
+    dense = list(range(1, min(max_m, 17) + 1))
+    sparse = list(range(25, max_m, 8))
+    return dense + sparse + ([max_m] if max_m > 17 and max_m not in sparse else [])
+
+
 def measure_verify_curve(target: Model, draft: Model | None, max_m: int, repeats: int, *,
                          progress: BenchProgress | None = None) -> VerifyCurve:
-    """Median wall time of a target decode of m = 1..max_m tokens with logits for every row (what a
-    verify does), on top of the tokens already in the cache, which is rolled back after each decode.
+    """Median wall time of a target decode of m tokens (`curve_sizes` up to max_m) with logits for every
+    row (what a verify does), on top of the tokens already in the cache, which is rolled back after each
+    decode.
 
     Each size is timed in a block of back-to-back decodes after one untimed decode: llama.cpp reuses
     its compute graph while the batch shape stays the same, as it does over a run at a fixed k.
@@ -169,7 +178,7 @@ def measure_verify_curve(target: Model, draft: Model | None, max_m: int, repeats
         target.reset()
     prefix = target.n_past
     filler = (list(target.tokens[-max_m:]) + [target.vocab_info().bos] * max_m)[:max_m]
-    sizes = list(range(1, max_m + 1))
+    sizes = curve_sizes(max_m)
     times: dict[int, list[float]] = {m: [] for m in sizes}
     passes = (sizes, sizes[::-1], sizes, sizes[::-1])
     per_pass = max(1, -(-repeats // len(passes)))

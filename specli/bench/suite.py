@@ -7,7 +7,6 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specli.policy import AutoK
 from specli.sampling import SamplingParams
 from specli.settings import (
     AUTO,
@@ -227,8 +226,8 @@ class BenchConfig:
             self.settings = self.settings.seeded()
 
     def max_batch(self) -> int:
-        """The largest verify batch the runs can make: max k + 1 (auto may reach AutoK's k_max)."""
-        return max(AutoK().k_max if k == AUTO else int(k) for k in self.ks) + 1
+        """The largest verify batch the runs can make: max k + 1 (auto may draft up to MAX_DRAFT_K)."""
+        return max(MAX_DRAFT_K if k == AUTO else int(k) for k in self.ks) + 1
 
     def run_settings(self, temperature: float, k: K) -> RunSettings:
         """The settings of one run of the bench: a temperature and a draft length."""

@@ -148,11 +148,10 @@ def draft_positions(
 
 @dataclass(frozen=True)
 class Source:
-    """One kind of proposal a drafter makes, as the policy keys it and front ends show it."""
+    """One kind of proposal a drafter makes, as the policy keys it and front ends show it (its colour is
+    the drafter registry's). Every source reports its confidence per position, which auto's gate reads."""
 
     name: str  # Draft.drafter, TokenEvent.drafter, the policy's key, what front ends print
-    role: str  # colour role: "model" (a draft model) or "lookup" (copied from the context)
-    confident: bool  # reports its confidence per position: auto gives it a gate and a calibration
 
 
 class Drafter(ABC):

@@ -26,7 +26,7 @@ class DraftModelDrafter(Drafter):
     """
 
     name = "draft"
-    sources = (Source("draft", "model", confident=True),)
+    sources = (Source("draft"),)
 
     def __init__(self, model: Model, target_vocab: int, *, p_min: float = 0.0) -> None:
         self.model = model

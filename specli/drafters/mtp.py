@@ -54,7 +54,7 @@ class MTPDrafter(Drafter):
     below it (llama.cpp's --draft-p-min)."""
 
     name = "mtp"
-    sources = (Source("mtp", "model", confident=True),)
+    sources = (Source("mtp"),)
 
     def __init__(self, target: Model, *, p_min: float = 0.0) -> None:
         self.target = target

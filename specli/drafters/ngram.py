@@ -27,7 +27,7 @@ _MIN_SHARE = (0.66, 0.5, 0.5, 0.5)
 
 class NGramDrafter(Drafter):
     name = "ngram"
-    sources = (Source("ngram", "lookup", confident=True),)
+    sources = (Source("ngram"),)
 
     def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
         if not 1 <= n_min <= n_max:
