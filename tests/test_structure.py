@@ -141,3 +141,25 @@ def test_a_setting_error_names_the_option_as_typed(fixture_models) -> None:
     assert "--top-p must be a number in (0, 1] (1: off), got nan" in result.stderr
     error = SettingError("/temp", "must be 0 or more")
     assert (error.option, str(error)) == ("/temp", "/temp must be 0 or more")
+
+
+# -- what cannot be decoded is refused before loading ---------------------------------------------------
+
+
+def test_a_diffusion_model_is_refused(tmp_path: Path) -> None:
+    from support import write_gguf
+
+    model = write_gguf(tmp_path / "dream.gguf", arch="dream")
+    result = CliRunner().invoke(app, ["run", "--target", str(model), "--no-draft", "hi"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is a diffusion model (dream)" in lines[0]
+
+
+def test_a_recurrent_target_without_rollback_is_refused_before_loading(tmp_path: Path) -> None:
+    from support import OMIT, write_gguf
+
+    model = write_gguf(tmp_path / "mamba.gguf", arch="mamba", n_head=OMIT, n_head_kv=OMIT)
+    result = CliRunner().invoke(app, ["run", "--target", str(model), "--draft", "ngram", "hi"])
+    assert result.exit_code == 1
+    assert "recurrent/hybrid model (mamba)" in result.stderr and "--no-draft" in result.stderr

@@ -1,0 +1,120 @@
+"""Two revisions of specli side by side: `specli run --json` of each, interleaved, on the same model,
+prompts and settings; median tokens/s of each and the median of per-pair ratios (new / old).
+
+    python examples/ab_revisions.py --old REV [--new REV|worktree] --target T.gguf [--draft D|ngram]
+        [--temp 0,0.8] [-k auto] [--prompt NAME ...] [-n 256] [--repeat 4] [-t 2] [--json out.json]
+
+The old revision is checked out with `git worktree` into a temporary directory and run with the same
+Python (its `specli` package first on sys.path). Each run is a new process, as a user's `specli run`
+(what auto learned is not carried between runs); rates exclude load and prompt (GenerationStats).
+Pairs alternate which revision runs first. Prompts: compare_llamacpp.py's (repetitive, copy-edit,
+code) and bench's built-in ones (story, chat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_llamacpp import PROMPTS  # noqa: E402
+
+from specli.bench.suite import BUILTIN_PROMPTS  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_PROMPTS = {**PROMPTS, **{p.name: p.text for p in BUILTIN_PROMPTS if p.name not in PROMPTS}}
+RUNNER = ("import sys; sys.path.insert(0, {root!r}); from specli.cli import main; sys.argv[0] = 'specli'; "
+          "main()")
+
+
+def checkout(rev: str, where: Path) -> Path:
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(where), rev],
+                   check=True, capture_output=True)
+    return where
+
+
+def run_once(root: Path, args: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", RUNNER.format(root=str(root)), "run", *args, "--json"],
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{root}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old", required=True, help="git revision of the baseline")
+    ap.add_argument("--new", default=str(REPO), help="a git revision or a directory (default: this tree)")
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", default="ngram")
+    ap.add_argument("--temp", default="0,0.8")
+    ap.add_argument("-k", default="auto")
+    ap.add_argument("--prompt", action="append", choices=sorted(ALL_PROMPTS))
+    ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=4)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-c", "--ctx", type=int, default=2048)
+    ap.add_argument("--json", dest="json_path")
+    opts = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = {"old": checkout(opts.old, Path(tmp) / "old")}
+        new = Path(opts.new)
+        roots["new"] = new if new.is_dir() else checkout(opts.new, Path(tmp) / "new")
+        try:
+            rows = measure(opts, roots)
+        finally:
+            for root in roots.values():
+                if root != new:
+                    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(root)],
+                                   capture_output=True)
+    if opts.json_path:
+        Path(opts.json_path).write_text(json.dumps(rows, indent=2))
+
+
+def measure(opts: argparse.Namespace, roots: dict[str, Path]) -> list[dict]:
+    prompts = opts.prompt or ["repetitive", "copy-edit", "code", "story"]
+    draft = ["--no-draft"] if opts.draft == "none" else ["--draft", opts.draft]
+    rows = []
+    pair = 0
+    print(f"{'prompt':<11} {'T':>4} {'k':>5}  {'old tok/s':>9} {'new tok/s':>9}  {'new/old':>7}  "
+          f"{'old acc':>7} {'new acc':>7}", flush=True)
+    for temp in (float(t) for t in opts.temp.split(",")):
+        for name in prompts:
+            rates: dict[str, list[float]] = {"old": [], "new": []}
+            accept: dict[str, list[float]] = {"old": [], "new": []}
+            ratios = []
+            for rep in range(opts.repeat):
+                args = ["--target", opts.target, *draft, "-k", opts.k, "--temp", str(temp), "-n", str(opts.n),
+                        "--ignore-eos", "-s", str(1000 + rep), "-t", str(opts.threads), "-c", str(opts.ctx),
+                        ALL_PROMPTS[name]]
+                order = ("old", "new") if pair % 2 == 0 else ("new", "old")
+                pair += 1
+                got = {}
+                for side in order:
+                    stats = run_once(roots[side], args)["stats"]
+                    got[side] = stats["tokens_per_second"]
+                    rates[side].append(got[side])
+                    accept[side].append(stats.get("acceptance_rate") or 0.0)
+                ratios.append(got["new"] / got["old"])
+            row = {"prompt": name, "temp": temp, "k": opts.k, "draft": opts.draft,
+                   "old": statistics.median(rates["old"]), "new": statistics.median(rates["new"]),
+                   "ratio": statistics.median(ratios), "ratios": ratios,
+                   "old_acceptance": statistics.median(accept["old"]),
+                   "new_acceptance": statistics.median(accept["new"])}
+            rows.append(row)
+            print(f"{name:<11} {temp:>4g} {opts.k:>5}  {row['old']:>9.1f} {row['new']:>9.1f}  "
+                  f"{row['ratio']:>7.3f}  {row['old_acceptance']:>7.2f} {row['new_acceptance']:>7.2f}",
+                  flush=True)
+    print(f"median of per-pair ratios over all cells: "
+          f"{statistics.median(r for row in rows for r in row['ratios']):.3f}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
