@@ -90,3 +90,38 @@ def test_counting_the_context_is_billed_as_catch_up_not_as_the_lookup() -> None:
     second = d.draft([*context, 7], 4)
     # Only the counting since (one new token) is billed again: exact bookkeeping, not a timing race.
     assert second.catch_up_seconds == d.index_seconds - counted
+
+
+# -- long copies: earlier occurrences of the last LONG_N tokens, followed as long as they agree --------
+
+
+def test_a_long_match_picks_the_passage_being_copied_over_the_frequent_continuation() -> None:
+    """(1, 2, 3, 4) is followed by 5 three times and by 9 once; the context is copying the passage
+    where it was followed by 9, which a long match pinpoints, and it drafts that passage whole."""
+    common = [1, 2, 3, 4, 5]
+    passage = [20, 21, 22, 23, 24, 25, 1, 2, 3, 4, 9, 30, 31, 32, 33, 34, 35, 36]
+    context = [*common, 50, *common, 51, *common, 52, *passage, 60, *passage[:10]]
+    d = drafter(context)
+    draft = d.draft(context, 8)
+    assert draft.tokens == passage[10:18]
+    assert d.last_match_len >= 10
+    assert all(c > 0.9 for c in draft.confidence)  # one occurrence, matched over 10+ tokens
+
+
+def test_a_long_copy_is_drafted_as_far_as_asked() -> None:
+    passage = list(range(100, 180))
+    context = [*passage, 7, *passage[:12]]
+    assert drafter(context).lookup(context, 64) == passage[12:76]
+
+
+def test_confidence_falls_where_the_copied_occurrences_fork() -> None:
+    """Two earlier occurrences match as long and agree for three tokens, then part: the lead is 0 at
+    the fork (the most recent wins), and only that occurrence is followed after it."""
+    head = list(range(40, 52))
+    first = [*head, 1, 2, 3, 70, 71, 72]
+    second = [*head, 1, 2, 3, 80, 81, 82]
+    context = [5, *first, 6, *second, 7, *head]
+    draft = drafter(context).draft(context, 6)
+    assert draft.tokens == [1, 2, 3, 80, 81, 82]
+    sure = draft.confidence
+    assert min(sure[:3]) > 0.9 and sure[3] == 0.0 and min(sure[4:]) > 0.9

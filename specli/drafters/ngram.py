@@ -1,7 +1,14 @@
-"""Prompt-lookup decoding: propose what most often followed the context's last n tokens before.
+"""Prompt-lookup decoding: propose what followed the context's last tokens before.
 
 No draft model: the proposal is deterministic (a point mass), so the engine accepts a token with
 probability p(x) and, on rejection, samples from p with x removed; greedy accepts while x is argmax.
+
+Long copies first (as llama-server's ngram-mod): when the context's last LONG_N tokens occurred before,
+the earlier occurrences whose match with the context runs longest are followed, token by token, for as
+long as they agree: a long match pinpoints which earlier passage is being copied where a short n-gram
+is ambiguous ("of the" is followed by many things). Confidence is the winning continuation's lead
+among the occurrences still followed, scaled by how long the match is; where they fork the lead
+falls, and the losers are dropped. When no occurrence is left, counts take over:
 
 For each n (n_max down to n_min) the drafter counts which token followed every n-gram of the
 prompt and output so far (updated incrementally as the context grows: O(n_max) per token). A draft
@@ -23,6 +30,11 @@ from specli.sampling import Sampler
 # n-gram (index n - 1; llama.cpp's lookup uses the same lax thresholds for its context cache).
 _MIN_COUNT = (2, 2, 1, 1)
 _MIN_SHARE = (0.66, 0.5, 0.5, 0.5)
+# Long copies: occurrences of the last LONG_N tokens are followed; a match is measured up to MAX_MATCH
+# tokens back, and at most MAX_OCCURRENCES (the most recent) are followed.
+LONG_N = 8
+MAX_MATCH = 64
+MAX_OCCURRENCES = 16
 
 
 class NGramDrafter(Drafter):
@@ -35,6 +47,8 @@ class NGramDrafter(Drafter):
         self.n_max, self.n_min = n_max, n_min
         # _follow[n][ngram] = {next token: [count, last position seen]}
         self._follow: dict[int, dict[tuple[int, ...], dict[int, list[int]]]] = {}
+        # _seen_at[the LONG_N tokens before a position] = the positions they preceded, oldest first
+        self._seen_at: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # positions whose preceding n-grams are counted
         self.index_seconds = 0.0  # spent counting them
         self._billed = 0.0  # of that, reported as drafts' catch-up
@@ -44,6 +58,7 @@ class NGramDrafter(Drafter):
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._follow = {n: {} for n in range(self.n_min, self.n_max + 1)}
+        self._seen_at = {}
         self._indexed = 0
         self._last = None
 
@@ -59,7 +74,44 @@ class NGramDrafter(Drafter):
                 else:
                     entry[0] += 1
                     entry[1] = pos
+            if pos >= LONG_N:
+                self._seen_at.setdefault(tuple(context[pos - LONG_N : pos]), []).append(pos)
         self._indexed = len(context)
+
+    def _occurrences(self, seq: list[int]) -> tuple[list[int], int]:
+        """Where the text that ends `seq` occurred before: the positions that followed its earlier
+        occurrences whose match with `seq` runs longest, and that length (0: none)."""
+        if len(seq) < LONG_N:
+            return [], 0
+        found = self._seen_at.get(tuple(seq[-LONG_N:]))
+        if not found:
+            return [], 0
+        best, longest = [], 0
+        end = len(seq)
+        for pos in found[-MAX_OCCURRENCES:]:
+            if pos >= end:
+                continue
+            m = LONG_N
+            while m < MAX_MATCH and pos - m - 1 >= 0 and seq[pos - m - 1] == seq[end - m - 1]:
+                m += 1
+            if m > longest:
+                best, longest = [pos], m
+            elif m == longest:
+                best.append(pos)
+        return best, longest
+
+    @staticmethod
+    def _follow_occurrences(seq: list[int], followers: list[int], match: int) -> tuple[int, float, list[int]]:
+        """The next token of a long copy: what the followed occurrences continue with (the most
+        recent on a tie), its confidence (its lead among them, shrunk for shorter matches), and the
+        occurrences that agree with it."""
+        votes: dict[int, list[int]] = {}
+        for pos in followers:
+            votes.setdefault(seq[pos], []).append(pos)
+        token, agree = max(votes.items(), key=lambda item: (len(item[1]), item[1][-1]))
+        runner_up = max((len(v) for t, v in votes.items() if t != token), default=0)
+        lead = (len(agree) - runner_up) / len(followers)
+        return token, lead * match / (match + 1), agree
 
     def _next(self, tail: list[int]) -> tuple[int, int, float] | None:
         """(token, n, confidence): the confident continuation of the longest n-gram ending `tail`,
@@ -96,6 +148,19 @@ class NGramDrafter(Drafter):
         proposal: list[int] = []
         confidence: list[float] = []
         first_n = 0
+        # A long copy while earlier occurrences of the text agree (over the context and the tokens
+        # proposed so far, so a periodic text is followed past the end of the context).
+        seq = list(context)
+        followers, match = self._occurrences(seq)
+        while followers and len(proposal) < k:
+            token, sure, agree = self._follow_occurrences(seq, followers, match)
+            first_n = first_n or match
+            proposal.append(token)
+            confidence.append(sure)
+            seq.append(token)
+            followers, match = [pos + 1 for pos in agree], match + 1
+        if proposal:
+            tail = seq[-self.n_max :]
         while len(proposal) < k:
             found = self._next(tail)
             if found is None:

@@ -1,0 +1,179 @@
+"""specli's defaults side by side with llama-server's speculative types, interleaved, on one machine.
+
+    python examples/compare_llama_server.py [--target T.gguf] [--draft D.gguf] [-n 256] [--repeat 3]
+        [--temp 0,0.8] [--prompt NAME ...] [-t 2] [--json out.json]
+
+Build llama-server first (examples/build_llama_tools.sh builds it from the llama.cpp that
+llama-cpp-python vendors). Every server listens on 127.0.0.1 on a free port; all are started at once
+(idle ones cost no CPU) so each repetition runs specli and every server back to back, in a rotating
+order. Without --draft: `specli run --draft ngram` (its defaults: -k auto) against llama-server's
+ngram-mod, ngram-map-k and ngram-simple, each at its defaults and at --spec-draft-n-max 8. With
+--draft: `specli run --draft D` against draft-simple at --spec-draft-n-max 2, 4 and 8.
+
+Rates, both over the whole generation with the prompt excluded: specli's GenerationStats tokens/s
+(`specli run --json`), the server's own timings.predicted_per_second. Every run ignores EOS and uses
+the same seed, temperature and sampling filters (llama.cpp's defaults: top-k 40, top-p 0.95,
+min-p 0.05). Ratio: median over repetitions of specli / the server config in the same repetition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import GEMMA_HINT, find_tool, gemma_path  # noqa: E402
+from compare_llamacpp import PROMPTS  # noqa: E402
+
+NGRAM_CONFIGS = [
+    ("ngram-mod", ["--spec-type", "ngram-mod"]),
+    ("ngram-mod n8", ["--spec-type", "ngram-mod", "--spec-draft-n-max", "8"]),
+    ("ngram-map-k", ["--spec-type", "ngram-map-k"]),
+    ("ngram-map-k n8", ["--spec-type", "ngram-map-k", "--spec-draft-n-max", "8"]),
+    ("ngram-simple", ["--spec-type", "ngram-simple"]),
+    ("ngram-simple n8", ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"]),
+]
+
+
+def draft_configs(draft: str) -> list[tuple[str, list[str]]]:
+    return [(f"draft-simple n{n}",
+             ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(n)]) for n in (2, 4, 8)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, binary: Path, target: str, label: str, flags: list[str], threads: int,
+                 ctx: int) -> None:
+        self.label, self.port = label, free_port()
+        self.log = open(f"/tmp/llama-server-{self.port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(binary), "-m", target, "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
+             "-c", str(ctx), "-np", "1", "--no-webui", *flags],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    def wait(self, seconds: float = 180.0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.label}: llama-server exited ({self.proc.returncode}); "
+                                 f"see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise SystemExit(f"{self.label}: not ready after {seconds:.0f} s")
+
+    def complete(self, prompt: str, n: int, temp: float, seed: int) -> dict:
+        body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": temp, "seed": seed,
+                           "ignore_eos": True, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+                           "cache_prompt": False}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as r:
+            timings = json.load(r)["timings"]
+        return {"tps": timings["predicted_per_second"], "drafted": timings.get("draft_n", 0),
+                "accepted": timings.get("draft_n_accepted", 0)}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def specli_run(target: str, draft: str, prompt: str, n: int, temp: float, seed: int, threads: int,
+               ctx: int) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "specli.cli", "run", "--target", target, "--draft", draft, "-n", str(n),
+         "--temp", str(temp), "-s", str(seed), "--ignore-eos", "-t", str(threads), "-c", str(ctx),
+         "--json", prompt],
+        capture_output=True, text=True, timeout=900,
+    )
+    if proc.returncode:
+        raise SystemExit(f"specli: {proc.stderr.strip()[-400:]}")
+    stats = json.loads(proc.stdout)["stats"]
+    return {"tps": stats["tokens_per_second"], "drafted": stats["drafted"], "accepted": stats["accepted"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target")
+    ap.add_argument("--draft", help="a draft model: compare with draft-simple (default: n-gram types)")
+    ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--temp", default="0,0.8")
+    ap.add_argument("--prompt", action="append", choices=sorted(PROMPTS))
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-c", "--ctx", type=int, default=4096)
+    ap.add_argument("--json", dest="json_path")
+    opts = ap.parse_args()
+    binary = find_tool("llama-server")
+    if binary is None:
+        raise SystemExit("llama-server not found: run examples/build_llama_tools.sh")
+    target = opts.target or (str(gemma_path()) if gemma_path() else None)
+    if target is None:
+        raise SystemExit(GEMMA_HINT)
+    configs = draft_configs(opts.draft) if opts.draft else NGRAM_CONFIGS
+    servers = [Server(binary, target, label, flags, opts.threads, opts.ctx) for label, flags in configs]
+    rows = []
+    try:
+        for s in servers:
+            s.wait()
+        labels = ["specli", *(s.label for s in servers)]
+        header = "  ".join(f"{lab:>15}" for lab in labels)
+        print(f"{'prompt':<11} {'T':>4}  {header}   specli/best", flush=True)
+        turn = 0
+        for temp in (float(t) for t in opts.temp.split(",")):
+            for name in opts.prompt or ["repetitive", "copy-edit", "code"]:
+                samples: dict[str, list[dict]] = {lab: [] for lab in labels}
+                for rep in range(opts.repeat):
+                    seed = 1000 + rep
+                    order = labels[turn % len(labels):] + labels[: turn % len(labels)]
+                    turn += 1
+                    for lab in order:
+                        if lab == "specli":
+                            got = specli_run(target, opts.draft or "ngram", PROMPTS[name], opts.n, temp,
+                                             seed, opts.threads, opts.ctx)
+                        else:
+                            server = next(s for s in servers if s.label == lab)
+                            got = server.complete(PROMPTS[name], opts.n, temp, seed)
+                        samples[lab].append(got)
+                medians = {lab: statistics.median(g["tps"] for g in samples[lab]) for lab in labels}
+                best = max(labels[1:], key=medians.__getitem__)
+                pairs = zip(samples["specli"], samples[best], strict=True)
+                ratio = statistics.median(a["tps"] / b["tps"] for a, b in pairs)
+                acceptance = {lab: (sum(g["accepted"] for g in samples[lab]),
+                                    sum(g["drafted"] for g in samples[lab])) for lab in labels}
+                rows.append({"prompt": name, "temp": temp, "tps": medians, "best_server": best,
+                             "ratio": ratio, "accepted_drafted": acceptance, "samples": samples})
+                print(f"{name:<11} {temp:>4g}  " + "  ".join(f"{medians[lab]:>15.1f}" for lab in labels)
+                      + f"   {ratio:.2f} vs {best}", flush=True)
+                counts = ", ".join(f"{lab} {a}/{d}" for lab, (a, d) in acceptance.items())
+                print(f"   accepted/drafted: {counts}", flush=True)
+    finally:
+        for s in servers:
+            s.stop()
+    if opts.json_path:
+        Path(opts.json_path).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
