@@ -9,7 +9,6 @@ already cached is evaluated again. What to draft (k, gates, shadows, learning) i
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,7 @@ from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, 
 from specli.llama import Model
 from specli.policy import Learned
 from specli.proposer import Proposer, RoundResult, make_proposer
-from specli.sampling import Noise, Sampler, SamplingParams
+from specli.sampling import Noise, Sampler, SamplingParams, random_seed
 from specli.stats import GenerationStats
 from specli.textstream import TextStream
 from specli.verify import Verdict, verify
@@ -131,7 +130,7 @@ class SpeculativeEngine:
         sampling = params.sampling
         if params.ignore_eos:
             sampling = replace(sampling, banned=(*sampling.banned, *target.eog_tokens()))
-        seed = params.seed if params.seed is not None else secrets.randbelow(2**32)
+        seed = params.seed if params.seed is not None else random_seed()
         sampler = Sampler(sampling, Noise(seed), params.same_as_plain)
 
         # Prompt: evaluate everything but the last token, which the first round's verify decodes.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import secrets
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -63,6 +64,12 @@ class SamplingParams:
     def unbanned(self) -> SamplingParams:
         """The same settings for rows whose banned ids are already at -inf (see mask_banned)."""
         return replace(self, banned=()) if self.banned else self
+
+
+def random_seed() -> int:
+    """A random seed for keyed noise (0 .. 2**32 - 1, what `--seed` takes): the one place specli draws
+    one (settings, for a run without --seed; the engine, for an API caller's GenerationParams without)."""
+    return secrets.randbelow(2**32)
 
 
 # -- keyed noise ---------------------------------------------------------------------------------------

@@ -14,12 +14,11 @@ Nothing here imports a front end (typer, rich): the CLI, chat, bench and the ser
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from specli.sampling import SamplingParams
+from specli.sampling import SamplingParams, random_seed
 
 if TYPE_CHECKING:
     from specli.engine import GenerationParams
@@ -170,9 +169,8 @@ class RunSettings:
         return SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
 
     def seeded(self) -> RunSettings:
-        """These settings with a concrete seed: a random one is drawn here, the only place specli
-        draws one, when none is set."""
-        return self if self.seed is not None else replace(self, seed=secrets.randbelow(MAX_SEED + 1))
+        """These settings with a concrete seed (sampling.random_seed when none is set)."""
+        return self if self.seed is not None else replace(self, seed=random_seed())
 
     def seed_at(self, offset: int) -> int:
         """The seed of the `offset`-th generation of a series (chat's turns, bench's pairs): the seed
