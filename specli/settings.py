@@ -213,7 +213,8 @@ COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
     # As llama-bench: every run generates exactly -n tokens; pairs are seeded from 0 unless -s says.
     "bench": {"max_tokens": 128, "ctx": 2048, "seed": 0, "ignore_eos": True},
     "demo": {"max_tokens": 96, "temp": 0.0},
-    "serve": {},
+    # Chat UIs and OpenAI's clients send no max_tokens unless told to: a reply runs to its end of text.
+    "serve": {"max_tokens": 4096},
 }
 
 
