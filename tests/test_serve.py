@@ -173,6 +173,27 @@ def test_speculative_p_min_is_per_request(pair_server) -> None:
     assert gated < before and drafted() == before  # the server's own p_min again for the next request
 
 
+def test_llama_servers_spellings_of_the_speculation_fields(pair_server) -> None:
+    """`speculative.n_max` as llama-server writes it (a dotted key) or nested, a number or "auto";
+    `n_predict` before `max_completion_tokens` before `max_tokens`."""
+    with pair_server.client() as http:
+        def timings(**fields) -> dict:
+            response = http.post("/v1/completions", json={"prompt": PROMPT, "seed": 1, "temperature": 0,
+                                                          "max_tokens": 16, **fields})
+            assert response.status_code == 200, response.text
+            return response.json()["timings"]
+
+        dotted = timings(**{"speculative.n_max": 3})
+        nested = timings(speculative={"n_max": 3})
+        drafting = ("draft_n", "draft_n_accepted")
+        assert [nested[k] for k in drafting] == [dotted[k] for k in drafting]
+        assert dotted["draft_n"] > 0
+        assert "draft_n" not in timings(**{"speculative.n_max": 0})
+        assert timings(**{"speculative.n_max": "auto"})["predicted_n"] == 16
+        assert timings(max_tokens=16, max_completion_tokens=9)["predicted_n"] == 9
+        assert timings(max_completion_tokens=9, n_predict=5)["predicted_n"] == 5
+
+
 # -- batch 1: concurrency, disconnects, memory ----------------------------------------------------------
 
 
@@ -420,9 +441,8 @@ def test_health_is_503_while_the_models_load(fixture_models) -> None:
             assert reply.json()["usage"]["completion_tokens"] == 3
         finally:
             release.set()
-            service.worker.stop()
-            assert service.worker.join(60)
-    assert service.worker.state == "stopped"
+            assert service.worker.close(60)
+    assert service.worker.state == "stopped" and service.worker.spec is None
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> None:

@@ -45,6 +45,7 @@ from specli.serve.protocol import (
 from specli.serve.worker import (
     CANCELLED,
     CLIENT_GONE,
+    LOADING,
     READY,
     SHUTDOWN,
     Failed,
@@ -99,10 +100,12 @@ class Service:
 
     @property
     def spec(self) -> Speculator:
-        spec = self.worker.spec
-        if spec is None or self.worker.state != READY:
-            raise ApiError(503, "the model is still loading: retry in a moment", type="server_error",
-                           code="loading", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        spec, state = self.worker.spec, self.worker.state
+        if spec is None or state != READY:
+            if state == LOADING:
+                raise ApiError(503, "the model is still loading: retry in a moment", type="server_error",
+                               code="loading", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+            raise ApiError(503, "the server is stopping", type="server_error", code="unavailable")
         return spec
 
     @property
@@ -243,7 +246,7 @@ class Service:
     async def health(self, request: Request) -> Response:
         state = self.worker.state
         if state != READY:
-            message = "the model is still loading" if state == "loading" else f"the server is {state}"
+            message = "the model is still loading" if state == LOADING else f"the server is {state}"
             return JSONResponse({"status": state, **ApiError(503, message, type="server_error",
                                                              code="unavailable").body()}, 503)
         return JSONResponse({"status": "ok", "generating": self.worker.running is not None,

@@ -134,8 +134,8 @@ def serve(plan: Plan, settings: RunSettings, options: ServeOptions, *, host: str
         service.worker.start()
         server.run(sockets=[listener.sock])
     finally:
-        service.worker.stop()
-        stopped = service.worker.join(timeout=60)
+        # uvicorn has returned: no request is being prepared any more, so the models can go.
+        stopped = service.worker.close(timeout=60)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         listener.sock.close()

@@ -84,8 +84,8 @@ class Job:
 
 class GenerationWorker:
     """The thread that owns the models. `load` runs on it first; `on_ready` / `on_failed` report how
-    that went (called on the thread). Then it runs the submitted jobs one by one until `stop()`, and
-    closes the models."""
+    that went (called on the thread). Then it runs the submitted jobs one by one until `stop()`;
+    `close()` frees the models once it has ended."""
 
     def __init__(self, load: Callable[[], Speculator], *, max_waiting: int,
                  on_ready: Callable[[Speculator], None], on_failed: Callable[[BaseException], None]) -> None:
@@ -153,9 +153,23 @@ class GenerationWorker:
             self._changed.notify()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread to end (the models closed); False if it is still running after `timeout`."""
-        self._thread.join(timeout)
+        """Wait for the thread to end; False if it is still running after `timeout`."""
+        if self._thread.is_alive():
+            self._thread.join(timeout)
         return not self._thread.is_alive()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop, wait for the thread to end, then free the models. The caller makes sure that nothing else
+        uses them any more (the server tokenizes prompts in other threads: it closes after they are done).
+        False, and nothing freed, if the thread is still in a llama.cpp call after `timeout`."""
+        self.stop()
+        if not self.join(timeout):
+            return False
+        with self._lock:
+            spec, self.spec = self.spec, None
+        if spec is not None:
+            spec.close()
+        return True
 
     # -- on the worker thread ----------------------------------------------------------------------------
 
@@ -167,10 +181,11 @@ class GenerationWorker:
                 self.state = FAILED
             self._on_failed(e)
             return
+        with self._lock:
+            self.spec = spec  # from here on close() frees it, whatever happens below
         try:
             self._on_ready(spec)
             with self._lock:
-                self.spec = spec
                 self.state = READY
             while True:
                 with self._lock:
@@ -187,7 +202,6 @@ class GenerationWorker:
         finally:
             with self._lock:
                 self.state = STOPPED
-            spec.close()
 
     def _run(self, spec: Speculator, job: Job) -> None:
         if job.cancel_reason is not None:  # cancelled between leaving the queue and starting
