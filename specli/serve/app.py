@@ -108,11 +108,6 @@ class Service:
             raise ApiError(503, "the server is stopping", type="server_error", code="unavailable")
         return spec
 
-    @property
-    def drafter(self) -> str | None:
-        spec = self.worker.spec
-        return spec.drafter.name if spec is not None and spec.drafter is not None else None
-
     def authorize(self, request: Request) -> None:
         key = self.options.api_key
         if key is None:
@@ -143,7 +138,7 @@ class Service:
         else:
             tokens, where = list(request.prompt or []), "prompt"
             n_vocab = spec.target.n_vocab
-            if bad := next((t for t in tokens if not 0 <= t < n_vocab), None):
+            if (bad := next((t for t in tokens if not 0 <= t < n_vocab), None)) is not None:
                 raise bad_request(f"prompt: token id {bad} is not in the vocabulary (0 to {n_vocab - 1})",
                                   "prompt")
         n_ctx = spec.target.n_ctx
@@ -193,36 +188,39 @@ class Service:
                     return item
         finally:
             watcher.cancel()
+            job.close()
 
     async def _stream(self, job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[bytes]:
-        first = reply.first_chunk()
-        if first is not None:
-            yield sse(first)
-        while True:
-            try:
+        try:
+            first = reply.first_chunk()
+            if first is not None:
+                yield sse(first)
+            while True:
                 item = await job.next_item(KEEPALIVE_SECONDS)
-            except asyncio.TimeoutError:
-                yield b": keep-alive\n\n"  # a comment: clients skip it
-                continue
-            if isinstance(item, list):
-                data = b"".join(sse(reply.token_chunk(event)) for event in item if event.text)
-                if data:
-                    yield data
-                continue
-            if isinstance(item, Failed):
-                self._log_failure(job, item)
-                yield sse(error_chunk(ApiError(500, f"the generation failed: {item.error}",
-                                               type="server_error", code="generation_failed")))
-            else:
-                self._log(job, item)
-                if item.cut_short == SHUTDOWN and not item.stats.n_prompt:
-                    yield sse(error_chunk(ApiError(503, "the server is stopping", type="server_error",
-                                                   code="unavailable")))
+                if item is None:
+                    yield b": keep-alive\n\n"  # a comment: clients skip it
+                    continue
+                if isinstance(item, list):
+                    data = b"".join(sse(reply.token_chunk(event)) for event in item if event.text)
+                    if data:
+                        yield data
+                    continue
+                if isinstance(item, Failed):
+                    self._log_failure(job, item)
+                    yield sse(error_chunk(ApiError(500, f"the generation failed: {item.error}",
+                                                   type="server_error", code="generation_failed")))
                 else:
-                    for chunk in reply.final_chunks(item.stats, include_usage):
-                        yield sse(chunk)
-            yield sse("[DONE]")
-            return
+                    self._log(job, item)
+                    if item.cut_short == SHUTDOWN and not item.stats.n_prompt:
+                        yield sse(error_chunk(ApiError(503, "the server is stopping", type="server_error",
+                                                       code="unavailable")))
+                    else:
+                        for chunk in reply.final_chunks(item.stats, include_usage):
+                            yield sse(chunk)
+                yield sse("[DONE]")
+                return
+        finally:
+            job.close()
 
     def _log(self, job: Job, item: Finished) -> None:
         self.served += 1

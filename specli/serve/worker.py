@@ -70,6 +70,7 @@ class Job:
         self.draft_p_min = draft_p_min
         self._loop = asyncio.get_running_loop()
         self._items: asyncio.Queue[JobItem] = asyncio.Queue()
+        self._getter: asyncio.Future[JobItem] | None = None  # a get() that outlived a timeout
         # Set once, from the loop's thread; the worker reads it between events (a str is swapped whole).
         self.cancel_reason: str | None = None
 
@@ -77,9 +78,22 @@ class Job:
         """From the worker thread: hand an item to the loop (never blocks the generation)."""
         self._loop.call_soon_threadsafe(self._items.put_nowait, item)
 
-    async def next_item(self, timeout: float | None = None) -> JobItem:
-        """The next item; TimeoutError after `timeout` seconds without one."""
-        return await asyncio.wait_for(self._items.get(), timeout)
+    async def next_item(self, timeout: float | None = None) -> JobItem | None:
+        """The next item, or None after `timeout` seconds without one (then the next call gets it: the
+        pending get() is kept, never cancelled, so no item can be lost to a timeout)."""
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self._items.get())
+        done, _ = await asyncio.wait({self._getter}, timeout=timeout)
+        if not done:
+            return None
+        getter, self._getter = self._getter, None
+        return getter.result()
+
+    def close(self) -> None:
+        """No more reading (the response is over): drop a pending get()."""
+        if self._getter is not None:
+            self._getter.cancel()
+            self._getter = None
 
 
 class GenerationWorker:
