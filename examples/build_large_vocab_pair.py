@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("directory", type=Path)
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--agreement", type=float, default=0.9,
-                    help="share of the draft's output rows that is the target's (0.9: ~0.5-0.6 accepted at T 1)")
+                    help="share of the draft's output rows that is the target's (0.9: ~0.5-0.6 accepted)")
     ap.add_argument("--sigma", type=float, default=4.0, help="spread of the target's logits (top token ~0.3)")
     opts = ap.parse_args()
     opts.directory.mkdir(parents=True, exist_ok=True)

@@ -391,6 +391,91 @@ def chat(
     raise typer.Exit(code)
 
 
+@app.command()
+def serve(
+    context: typer.Context,
+    name: str | None = typer.Argument(
+        None, metavar="MODEL", help="Target: a models.toml name or .gguf path (or use --target)."
+    ),
+    target: str | None = typer.Option(
+        None, "--target", "-m", metavar="MODEL", help="Target model: a .gguf path or a name."
+    ),
+    draft: str | None = DraftOpt,
+    no_draft: bool = NoDraftOpt,
+    ngram: bool = NgramOpt,
+    host: str = typer.Option(
+        "127.0.0.1", "--host", metavar="HOST",
+        help="Address to listen on. Anything but loopback lets other machines use the model: set --api-key.",
+    ),
+    port: int = typer.Option(
+        8080, "--port", min=0, max=65535, metavar="PORT", help="Port to listen on (0: any free port)."
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="SPECLI_API_KEY", metavar="KEY", show_envvar=True,
+        help="Require 'Authorization: Bearer KEY' on every API request (/health and the page stay public).",
+    ),
+    alias: str | None = typer.Option(
+        None, "--alias", metavar="NAME",
+        help="The model's id in /v1/models and in responses [default: the models.toml name, or the file's "
+        "name without .gguf].",
+    ),
+    queue: int = typer.Option(
+        8, "--queue", min=0, metavar="N",
+        help="Requests that may wait while one generates; more get 503 with Retry-After.",
+    ),
+    max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="serve",
+                                            help="Tokens per reply at most, unless a request says."),
+    draft_max: str | None = setting_option("draft_max", "-k", "--draft-max", command="serve"),
+    draft_p_min: str | None = DraftPMinOpt,
+    temp: str | None = setting_option("temp", command="serve"),
+    top_k: str | None = TopKOpt,
+    top_p: str | None = TopPOpt,
+    min_p: str | None = MinPOpt,
+    seed: str | None = setting_option(
+        "seed", "-s", "--seed", command="serve", help="Seed of every request that gives none (-1: random)."
+    ),
+    same_as_plain: bool | None = SameAsPlainOpt,
+    ctx: str | None = setting_option("ctx", "-c", "--ctx", command="serve"),
+    threads: str | None = ThreadsOpt,
+    gpu_layers: str | None = GpuLayersOpt,
+    stop: list[str] | None = setting_option("stop"),
+    ignore_eos: bool | None = setting_option("ignore_eos", "--ignore-eos"),
+    verbose: bool = VerboseOpt,
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Serve the model over an OpenAI-compatible API, with a chat page that shows the draft at work.
+
+    Each request's settings default to these options; its own fields (temperature, max_tokens, seed,
+    speculative.n_max ...) override them. One generation runs at a time; others wait in a queue.
+    """
+    from specli.serve.app import ServeOptions
+    from specli.serve.server import serve as run_server
+
+    err = make_console(stderr=True)
+    with friendly_errors():
+        flags = given_settings(context)
+        if (name is None) == (target is None):
+            raise UsageProblem("give the target once: `specli serve NAME` or `specli serve --target FILE`")
+        if alias is not None and not valid_text(alias, "--alias").strip():
+            raise UsageProblem("--alias is empty: give the name clients should use for the model")
+        if api_key is not None:
+            valid_text(api_key, "--api-key")
+        plan = plan_run("serve", name or target, draft, no_draft=no_draft, ngram=ngram, config=config,
+                        flags=flags)
+        for note in plan.notes:
+            err.print(Text.assemble(("note: ", "yellow"), note))
+        load_notes: list[str] = []
+
+        def load() -> Speculator:
+            spec, notes = load_run(plan, verbose=verbose)
+            load_notes.extend(notes)
+            return spec
+
+        options = ServeOptions(alias=alias or plan.target_name or plan.target.name.removesuffix(".gguf"),
+                               api_key=api_key or None, max_waiting=queue)
+        run_server(plan, plan.settings, options, host=host, port=port, load=load, notes=lambda: load_notes)
+
+
 models_app = typer.Typer(help="The models.toml registry: list entries, check a target/draft pair.")
 app.add_typer(models_app, name="models")
 

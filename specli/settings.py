@@ -212,7 +212,8 @@ COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
     "bench": {"max_tokens": 128, "ctx": 2048, "seed": 0, "ignore_eos": True},
     "demo": {"max_tokens": 200, "temp": 0.0},  # Gemma 3 270M with n-gram lookup
     "demo-synthetic": {"max_tokens": 96, "temp": 0.0, "draft_max": 3},  # a fixed k, so the colours show
-    "serve": {},
+    # Chat UIs and OpenAI's clients send no max_tokens unless told to: a reply runs to its end of text.
+    "serve": {"max_tokens": 4096},
 }
 
 

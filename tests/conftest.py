@@ -50,7 +50,8 @@ def shared_models() -> SharedModels:
 # Environment variables through which a user's own setup could reach a test: config lookup, the chat
 # history file, debug tracebacks, colour forcing.
 _USER_ENV = (
-    "SPECLI_CONFIG", "SPECLI_DEBUG", "XDG_STATE_HOME", "FORCE_COLOR", "NO_COLOR", "COLUMNS", "LINES"
+    "SPECLI_CONFIG", "SPECLI_DEBUG", "SPECLI_API_KEY", "XDG_STATE_HOME", "FORCE_COLOR", "NO_COLOR", "COLUMNS",
+    "LINES",
 )
 
 

@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
-from specli.chat.session import build_chat_template
+from specli.chat.prompt import build_chat_template
 from specli.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from specli.llama import Model, ModelOptions
 from specli_synth.fixtures import FIXTURE_CHAT_TEMPLATE

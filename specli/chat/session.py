@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from specli.api import Speculator
+from specli.chat.prompt import ChatFormat
 from specli.chat_template import ChatTemplate, ChatTemplateError
 from specli.engine import GenerationParams
 from specli.events import DoneEvent, Event, TokenEvent
 from specli.fileio import atomic_write_text
-from specli.llama import Model
 from specli.sampling import SamplingParams
 from specli.settings import MAX_DRAFT_K, RunSettings, Source, UsageProblem, defaults_for, valid_text
 from specli.stats import GenerationStats
@@ -158,37 +158,6 @@ class PreparedPrompt:
     dropped_turns: int
 
 
-# -- the template ---------------------------------------------------------------------------------------
-
-
-def _special_text(model: Model, token: int) -> str:
-    if not 0 <= token < model.n_vocab:  # models without a BOS/EOS report -1
-        return ""
-    return model.token_text(token).decode("utf-8", errors="replace")
-
-
-def build_chat_template(model: Model) -> tuple[ChatTemplate, str | None]:
-    """The model's chat template (ChatML if it has none or it does not work) and a notice if fallen back.
-
-    BOS/EOS are the vocabulary's raw texts: token_bytes renders special tokens as nothing.
-    """
-    vocab = model.vocab_info()
-    bos, eos = _special_text(model, vocab.bos), _special_text(model, vocab.eos)
-    source = model.chat_template()
-    name = model.path.name
-    if source is None or not source.strip():
-        return (ChatTemplate.from_strings(None, bos, eos),
-                f"{name} has no chat template: using ChatML (<|im_start|>role ... <|im_end|>)")
-    try:
-        template = ChatTemplate.from_strings(source, bos, eos)
-        # A trial render catches templates that only fail when used (unknown filters, bad globals).
-        template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
-        return template, None
-    except ChatTemplateError as e:
-        notice = f"{name}'s chat template does not work ({e}): using ChatML"
-        return ChatTemplate.from_strings(None, bos, eos), notice
-
-
 # -- the session ------------------------------------------------------------------------------------------
 
 
@@ -212,10 +181,8 @@ class ChatSession:
                  template: ChatTemplate | None = None) -> None:
         self.spec = spec
         self.options = options = options or ChatOptions()
-        if template is not None:
-            self.template, self.template_notice = template, None
-        else:
-            self.template, self.template_notice = build_chat_template(spec.target)
+        self.format = ChatFormat.for_model(spec.target, template)
+        self.template, self.template_notice = self.format.template, self.format.notice
         self.messages: list[dict[str, str]] = []  # the conversation as the model sees it (fits the context)
         # Messages dropped from the context to make room: still part of what was said, so /save keeps them.
         self.dropped: list[dict[str, str]] = []
@@ -223,10 +190,7 @@ class ChatSession:
             self.messages.append({"role": "system", "content": options.system})
         self.turns: list[TurnRecord] = []
         self.settings = options.settings
-        vocab = spec.target.vocab_info()
-        self._vocab = vocab
-        eos = _special_text(spec.target, vocab.eos)
-        self.stops: list[str] = list(dict.fromkeys(s for s in [*self.template.stop_strings(), eos] if s))
+        self.stops: list[str] = list(self.format.stops)
         self.last_prompt: PreparedPrompt | None = None
 
     # -- facts -------------------------------------------------------------------------------------
@@ -257,8 +221,7 @@ class ChatSession:
 
     def generation_params(self) -> GenerationParams:
         """The next turn's: the session's settings, stopping where the template ends a reply."""
-        settings = replace(self.settings, stop=tuple(dict.fromkeys((*self.settings.stop, *self.stops))))
-        return settings.generation_params(seed_offset=len(self.turns))
+        return self.format.reply_settings(self.settings).generation_params(seed_offset=len(self.turns))
 
     def totals(self) -> SessionTotals:
         t = self.turns
@@ -276,15 +239,11 @@ class ChatSession:
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokens of a rendered prompt: BOS added only if the template did not write it already."""
-        add_special = not self.template.starts_with_bos(text)
-        tokens = self.spec.target.tokenize(text, add_special=add_special, parse_special=True)
-        if add_special and self._vocab.add_eos and tokens and tokens[-1] == self._vocab.eos:
-            tokens.pop()  # an EOS after the generation prompt would end the reply before it starts
-        return tokens
+        return self.format.tokenize(text)
 
     def render(self, messages: list[dict[str, str]]) -> str:
         try:
-            return self.template.render(messages, add_generation_prompt=True)
+            return self.format.render(messages)
         except ChatTemplateError as e:
             raise ChatError(f"the chat template cannot render this conversation: {e}") from None
 

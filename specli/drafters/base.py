@@ -189,6 +189,10 @@ class Drafter(ABC):
     def reset(self) -> None:
         """Forget any cached state (the next begin() starts from nothing)."""
 
+    def set_p_min(self, p_min: float) -> None:
+        """--draft-p-min from the next generation on (a server's request sets it per generation);
+        a drafter without probabilities (n-gram lookup) has none."""
+
     @property
     def decode_seconds(self) -> float:
         """Seconds this drafter spent inside llama_decode (0 for drafters without a model)."""

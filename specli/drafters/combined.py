@@ -49,6 +49,9 @@ class CombinedDrafter(Drafter):
     def reset(self) -> None:
         self.model_drafter.reset()
 
+    def set_p_min(self, p_min: float) -> None:
+        self.model_drafter.set_p_min(p_min)
+
     @property
     def decode_seconds(self) -> float:
         return self.model_drafter.decode_seconds

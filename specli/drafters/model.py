@@ -70,6 +70,9 @@ class DraftModelDrafter(Drafter):
         self.model.reset()
         self._known_good = 0
 
+    def set_p_min(self, p_min: float) -> None:
+        self.p_min = p_min
+
     @property
     def decode_seconds(self) -> float:
         return self.model.decode_seconds

@@ -133,6 +133,9 @@ class MTPDrafter(Drafter):
         self.mtp.reset()
         self._debt = self._drafted = False
 
+    def set_p_min(self, p_min: float) -> None:
+        self.p_min = p_min
+
     @property
     def decode_seconds(self) -> float:
         return self.mtp.decode_seconds

@@ -1,0 +1,357 @@
+"""OpenAI's request and response shapes, without a web framework: a request's fields checked and turned
+into settings (specli.settings, by the same rules as flags and models.toml), and the bodies, stream
+chunks, `usage` and llama-server's `timings` built from the engine's events and stats.
+
+Errors are `ApiError`s: an HTTP status and OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from specli.events import TokenEvent
+from specli.settings import (
+    REQUEST,
+    REQUEST_FIELDS,
+    RunSettings,
+    SettingError,
+    UsageProblem,
+    parse_updates,
+    valid_text,
+)
+from specli.stats import GenerationStats
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a 128k-token conversation is well under 1 MiB of JSON
+
+CHAT = "chat"
+TEXT = "text"
+
+# Length fields, strongest first (llama-server's precedence); each one is the max_tokens setting.
+LENGTH_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
+
+# Message roles as the chat templates know them; OpenAI's newer "developer" is the system message.
+ROLE_ALIASES = {"developer": "system"}
+
+
+class ApiError(Exception):
+    """A request that cannot be served: its HTTP status and OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, code=code, param=param)
+
+
+# -- requests -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A checked request: what to continue (chat `messages`, or a text `prompt` or its token ids) and
+    with which settings (the server's defaults with the request's fields applied)."""
+
+    kind: str  # CHAT | TEXT
+    settings: RunSettings
+    stream: bool
+    include_usage: bool
+    messages: list[dict[str, str]] | None = None
+    prompt: str | list[int] | None = None
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, not {_json_type(body)}",
+                       code="invalid_json")
+    return body
+
+
+def parse_completion_request(body: Mapping[str, Any], kind: str, defaults: RunSettings) -> CompletionRequest:
+    """Check a /v1/chat/completions (CHAT) or /v1/completions (TEXT) body; ApiError names the field."""
+    _refuse_unsupported(body, kind)
+    stream = _optional_bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request(f"stream_options must be an object, not {_json_type(options)}", "stream_options",
+                          "invalid_type")
+    include_usage = _optional_bool(options or {}, "include_usage", "stream_options.include_usage")
+    settings = request_settings(body, defaults)
+    if kind == CHAT:
+        return CompletionRequest(kind, settings, stream, include_usage, messages=parse_messages(body))
+    return CompletionRequest(kind, settings, stream, include_usage, prompt=parse_prompt(body))
+
+
+def request_settings(body: Mapping[str, Any], defaults: RunSettings) -> RunSettings:
+    """`defaults` with the request's setting fields applied (specli.settings.REQUEST: checked as flags
+    are, an error names the field as the request spells it)."""
+    raw: dict[str, Any] = {}
+    for field, name in REQUEST_FIELDS.items():
+        if name != "max_tokens":
+            raw[name] = _field(body, field)
+    try:
+        settings = defaults.merged(parse_updates(raw, REQUEST))
+        for field in LENGTH_FIELDS:
+            value = body.get(field)
+            if value is None or (field == "n_predict" and value == -1):  # llama-server's -1: no limit
+                continue
+            source = replace(REQUEST, spellings={**REQUEST.spellings, "max_tokens": field})
+            return settings.merged(parse_updates({"max_tokens": value}, source))
+        return settings
+    except SettingError as e:
+        raise bad_request(str(e), e.option) from None
+
+
+def _field(body: Mapping[str, Any], field: str) -> Any:
+    """A field by its name; a dotted name (llama-server's `speculative.n_max`) also as a nested object."""
+    if field in body or "." not in field:
+        return body.get(field)
+    outer, inner = field.split(".", 1)
+    nested = body.get(outer)
+    return nested.get(inner) if isinstance(nested, dict) else None
+
+
+def _optional_bool(body: Mapping[str, Any], field: str, name: str | None = None) -> bool:
+    value = body.get(field)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"{name or field} must be true or false, not {_show(value)}", name or field,
+                          "invalid_type")
+    return value
+
+
+def _refuse_unsupported(body: Mapping[str, Any], kind: str) -> None:
+    """Fields asking for what this server cannot give: a clear 400 instead of a silent difference."""
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n != 1):
+        raise bad_request(f"n must be 1: this server generates one completion per request, got {_show(n)}",
+                          "n", "unsupported_value")
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, False, 0):
+        raise bad_request("logprobs are not supported by this server", "logprobs", "unsupported_parameter")
+    if kind == TEXT:
+        if body.get("echo") not in (None, False):
+            raise bad_request("echo is not supported by this server", "echo", "unsupported_parameter")
+        if body.get("suffix") not in (None, ""):
+            raise bad_request("suffix is not supported by this server", "suffix", "unsupported_parameter")
+        best_of = body.get("best_of")
+        if best_of is not None and best_of != 1:
+            raise bad_request(f"best_of must be 1, got {_show(best_of)}", "best_of", "unsupported_value")
+
+
+def parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("messages is required", "messages", "missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request(f"messages must be a non-empty list of messages, not {_show(messages)}", "messages",
+                          "invalid_type")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"{where} must be an object with role and content, not {_show(message)}", where,
+                              "invalid_type")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise bad_request(f"{where}.role must be a text such as \"user\", not {_show(role)}",
+                              f"{where}.role", "invalid_type")
+        out.append({"role": ROLE_ALIASES.get(role, role),
+                    "content": _content(message.get("content"), f"{where}.content")})
+    return out
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's text: a string, or a list of text parts (joined by newlines); null is empty."""
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            text = part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
+            if not isinstance(text, str):
+                kind = part.get("type") if isinstance(part, dict) else _json_type(part)
+                raise bad_request(f"{where}[{j}]: only text parts are supported, not {_show(kind)}",
+                                  f"{where}[{j}]", "unsupported_value")
+            texts.append(text)
+        content = "\n".join(texts)
+    if not isinstance(content, str):
+        raise bad_request(f"{where} must be a text or a list of text parts, not {_show(content)}", where,
+                          "invalid_type")
+    return _valid(content, where)
+
+
+def parse_prompt(body: Mapping[str, Any]) -> str | list[int]:
+    """A text prompt: a string, a list holding one string, or token ids (a list of ints)."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_request("prompt is required", "prompt", "missing_required_parameter")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # ["text"] or [[ids]]: one prompt
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("prompt is empty: there is nothing to continue", "prompt")
+        return _valid(prompt, "prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                   for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
+        raise bad_request("one prompt per request: this server generates one completion at a time",
+                          "prompt", "unsupported_value")
+    raise bad_request(f"prompt must be a text or a list of token ids, not {_show(prompt)}", "prompt",
+                      "invalid_type")
+
+
+def _valid(text: str, where: str) -> str:
+    try:
+        return valid_text(text, where)
+    except UsageProblem as e:  # lone surrogates ("\ud800") in the JSON
+        raise bad_request(str(e), where) from None
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a text", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- responses ------------------------------------------------------------------------------------------
+
+
+def finish_reason(stop_reason: str) -> str:
+    """OpenAI's finish_reason for the engine's stop reason: the output or the context ran out ("length"),
+    or the reply ended (end of text, a stop text, or interrupted: "stop")."""
+    return "length" if stop_reason in ("length", "context") else "stop"
+
+
+def timings(stats: GenerationStats) -> dict[str, Any]:
+    """llama-server's `timings` (its names, so the tools that read them read ours): prompt tokens evaluated
+    (`prompt_n`) and taken from the cache (`cache_n`), generation, and when it drafted, `draft_n` and
+    `draft_n_accepted`."""
+    prompt_ms = 1000 * stats.prompt_seconds
+    predicted_ms = 1000 * stats.generation_seconds
+    prompt_n, predicted_n = stats.n_prompt_evaluated, stats.n_generated
+    out: dict[str, Any] = {
+        "cache_n": stats.n_prompt - stats.n_prompt_evaluated,
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+        "prompt_per_second": round(1000 * prompt_n / prompt_ms, 3) if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / predicted_n, 3) if predicted_n else 0.0,
+        "predicted_per_second": round(1000 * predicted_n / predicted_ms, 3) if predicted_ms > 0 else 0.0,
+    }
+    if stats.drafted:
+        out["draft_n"] = stats.drafted
+        out["draft_n_accepted"] = stats.accepted
+    return out
+
+
+def usage(stats: GenerationStats) -> dict[str, Any]:
+    return {
+        "prompt_tokens": stats.n_prompt,
+        "completion_tokens": stats.n_generated,
+        "total_tokens": stats.n_prompt + stats.n_generated,
+        "prompt_tokens_details": {"cached_tokens": stats.n_prompt - stats.n_prompt_evaluated},
+    }
+
+
+def speculation(stats: GenerationStats, drafter: str | None) -> dict[str, Any]:
+    """specli's own figures (an extension field OpenAI clients ignore): what the page's stats line shows."""
+    d = stats.as_dict()
+    keys = ("stop_reason", "seed", "sampling_mode", "tokens_per_second", "acceptance_rate",
+            "drafted", "accepted", "tokens_per_round", "predicted_speedup", "origins", "accepted_by_drafter")
+    return {"drafter": drafter, **{k: d[k] for k in keys}}
+
+
+class Reply:
+    """The shapes of one completion's responses: the whole body, or its stream's chunks."""
+
+    def __init__(self, kind: str, model: str, drafter: str | None) -> None:
+        self.kind, self.model, self.drafter = kind, model, drafter
+        self.id = ("chatcmpl-" if kind == CHAT else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+
+    def _envelope(self, chunk: bool) -> dict[str, Any]:
+        if self.kind == CHAT:
+            kind = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            kind = "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _choice(self, text: str | None, finish: str | None, *, chunk: bool, role: bool = False) -> dict:
+        choice: dict[str, Any] = {"index": 0}
+        if self.kind == CHAT:
+            if chunk:
+                delta: dict[str, Any] = {"role": "assistant"} if role else {}
+                if text is not None:
+                    delta["content"] = text
+                choice["delta"] = delta
+            else:
+                choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text or ""
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish
+        return choice
+
+    def response(self, text: str, stats: GenerationStats) -> dict[str, Any]:
+        """The non-streamed body: the text, usage, timings, and specli's figures."""
+        return {**self._envelope(False),
+                "choices": [self._choice(text, finish_reason(stats.stop_reason), chunk=False)],
+                "usage": usage(stats), "timings": timings(stats),
+                "speculation": speculation(stats, self.drafter)}
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        """The chat stream's opening chunk (the assistant's role, no text yet); none for text completions."""
+        if self.kind != CHAT:
+            return None
+        return {**self._envelope(True), "choices": [self._choice("", None, chunk=True, role=True)]}
+
+    def token_chunk(self, event: TokenEvent) -> dict[str, Any]:
+        """One token's text, and where it came from (`origin`, and the drafter of an accepted token)."""
+        return {**self._envelope(True), "choices": [self._choice(event.text, None, chunk=True)],
+                "origin": event.origin.value, "drafter": event.drafter}
+
+    def final_chunks(self, stats: GenerationStats, include_usage: bool) -> list[dict[str, Any]]:
+        """The stream's end: the finish_reason chunk, then with include_usage a usage chunk with no
+        choices; the last of them carries the timings (as llama-server) and specli's figures."""
+        figures = {"timings": timings(stats), "speculation": speculation(stats, self.drafter)}
+        last = {**self._envelope(True), "choices": [
+            self._choice(None if self.kind == CHAT else "", finish_reason(stats.stop_reason), chunk=True)]}
+        if not include_usage:
+            return [{**last, **figures}]
+        return [last, {**self._envelope(True), "choices": [], "usage": usage(stats), **figures}]
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event: `data: {json}` and a blank line."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+def error_chunk(error: ApiError) -> dict[str, Any]:
+    """A failure after the stream began: a chunk holding `error` (the openai client raises APIError)."""
+    return error.body()
