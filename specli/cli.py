@@ -539,30 +539,49 @@ def demo(
 
 
 def main() -> None:
-    """The console script: every way of exiting goes through one error format and exit code."""
+    """The console script (through specli.launcher, which installed the signal handlers): every way of
+    exiting goes through one error format and exit code; an interrupted command ends with one line."""
+    from specli import signals
+
     try:
         from typer._click import exceptions  # recent typer vendors click
     except ImportError:  # pragma: no cover - older typer on the real click
         from click import exceptions
 
-    if len(sys.argv) <= 1:
-        app(["--help"])  # no arguments: the help, as `no_args_is_help` would show it
     try:
+        if len(sys.argv) <= 1:
+            app(["--help"])  # no arguments: the help, as `no_args_is_help` would show it
         code = app(standalone_mode=False)
     except typer.Exit as e:
         code = e.exit_code
-    except typer.Abort:
-        print("specli: interrupted", file=sys.stderr, flush=True)
-        code = EXIT_INTERRUPTED
-    except KeyboardInterrupt:
-        print("specli: interrupted", file=sys.stderr, flush=True)
-        code = EXIT_INTERRUPTED
+    except typer.Abort as e:
+        code = signals.exit_code(e.__cause__ if isinstance(e.__cause__, KeyboardInterrupt) else None)
+    except KeyboardInterrupt as e:
+        code = signals.exit_code(e)
     except exceptions.ClickException as e:
         # typer/click's checks (-n 0, --temp -1, a missing option ...): one line like our own, not a box
         message = " ".join(e.format_message().split())
         print(f"specli: error: {message}", file=sys.stderr, flush=True)
         code = EXIT_USAGE if isinstance(e, exceptions.UsageError) else e.exit_code
-    sys.exit(code if isinstance(code, int) else 0)
+    signals.hold()  # exiting: a second Ctrl-C must not interrupt the last line
+    code = code if isinstance(code, int) else 0
+    if code in (signals.EXIT_INTERRUPTED, signals.EXIT_TERMINATED):
+        # Interrupted (typer turns a KeyboardInterrupt it sees into a silent 130): say so last, with the
+        # code of the signal that came (SIGTERM: 143), after whatever was kept (stats, bench's report).
+        code = max(code, signals.exit_code())
+        _last_line(f"specli: {signals.message(code)}")
+    sys.exit(code)
+
+
+def _last_line(text: str) -> None:
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):  # stdout closed or gone: nothing to flush
+        pass
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

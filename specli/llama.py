@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,27 +36,25 @@ class RollbackError(LlamaError):
 
 # -- logging -------------------------------------------------------------------------------------------
 
-_log_verbose = False
-
-
-@llc.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if _log_verbose and text:
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
-        sys.stderr.flush()
-
-
-# A module-level reference keeps the ctypes callback alive for the life of the process: a collected
-# callback segfaults at llama.cpp's next log line.
-_LOG_CALLBACK_REF = _log_callback
+# llama.cpp's log callback is C code, never Python: Python runs a signal's handler between any two
+# bytecodes of the main thread, so a Ctrl-C landing in a Python callback (llama.cpp logs hundreds of
+# lines while loading) raised KeyboardInterrupt inside it, where ctypes printed "Exception ignored" and
+# dropped it: the load went on and the run finished with exit 0. With C callbacks the signal waits until
+# the llama.cpp call returns, then interrupts Python code that can stop cleanly.
+# Quiet: a C function that ignores its arguments and touches nothing (Py_IsInitialized only reads a
+# flag, needs no GIL, and every C calling convention lets a callee ignore arguments it does not take).
+# Verbose: NULL, llama.cpp's own logger, which writes to stderr.
+_QUIET_LOG = ctypes.cast(ctypes.pythonapi.Py_IsInitialized, llc.llama_log_callback)
+_LLAMA_CPP_LOG = llc.llama_log_callback()  # a NULL function pointer
 _backend_ready = False
+_log_verbose = False
 
 
 def set_verbose(verbose: bool) -> None:
     """Show llama.cpp's own log on stderr (True) or silence it (False, the default)."""
     global _log_verbose
     _log_verbose = verbose
-    llc.llama_log_set(_LOG_CALLBACK_REF, ctypes.c_void_p(0))
+    llc.llama_log_set(_LLAMA_CPP_LOG if verbose else _QUIET_LOG, ctypes.c_void_p(0))
 
 
 def _ensure_backend() -> None:

@@ -13,12 +13,9 @@ import ctypes
 import gc
 import json
 import os
-import pty
-import select
 import shutil
 import signal
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +23,16 @@ import gguf
 import llama_cpp
 import numpy as np
 import pytest
-from support import write_gguf
+from support import (
+    EXE,
+    TIMEOUT,
+    _env,
+    assert_one_line_error,
+    specli,
+    specli_on_terminal,
+    write_config,
+    write_gguf,
+)
 
 from specli import GenerationParams, SamplingParams, TokenEvent, load
 from specli import llama as specli_llama
@@ -36,58 +42,6 @@ from specli_synth.ngram_model import write_ngram_model
 from specli_synth.vocab import Vocab
 
 PROMPT = "Once upon a time"
-EXE = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
-TIMEOUT = 120  # a hang fails the test (TimeoutExpired) instead of blocking the run
-
-
-def _env(cwd: Path) -> dict[str, str]:
-    """No models.toml from the user's config dir."""
-    env = {**os.environ, "XDG_CONFIG_HOME": str(cwd / "xdg"), "XDG_STATE_HOME": str(cwd / "state")}
-    env.pop("SPECLI_CONFIG", None)
-    return env
-
-
-def specli(
-    *args: str | bytes, cwd: Path, input: str | bytes | None = None, timeout: float = TIMEOUT
-) -> subprocess.CompletedProcess:
-    binary = isinstance(input, bytes) or any(isinstance(a, bytes) for a in args)
-    proc = subprocess.run(
-        [EXE, *args],
-        capture_output=True,
-        cwd=cwd,
-        input=input if binary or input is None else input.encode(),
-        timeout=timeout,
-        env=_env(cwd),
-    )
-    # decoded here, leniently: what the program wrote for invalid input must not break the test itself
-    proc.stdout = proc.stdout.decode("utf-8", "replace")
-    proc.stderr = proc.stderr.decode("utf-8", "replace")
-    return proc
-
-
-def specli_on_terminal(*args: str, cwd: Path, timeout: float = TIMEOUT) -> tuple[int, str, str]:
-    """Run with stdout on a pseudo-terminal (the coloured live view), stderr on a pipe."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([EXE, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE,
-                            cwd=cwd, env={**_env(cwd), "COLUMNS": "200", "TERM": "xterm"})
-    os.close(slave)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([master], [], [], timeout)
-        if not ready:
-            proc.kill()
-            raise AssertionError("no output on the terminal: hung?")
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    err = proc.stderr.read().decode("utf-8", "replace")
-    rc = proc.wait(timeout=timeout)
-    return rc, b"".join(chunks).decode("utf-8", "replace"), err
 
 
 def start_specli(*args: str, cwd: Path, stdin=None) -> subprocess.Popen:
@@ -100,22 +54,6 @@ def start_specli(*args: str, cwd: Path, stdin=None) -> subprocess.Popen:
         cwd=cwd,
         env=_env(cwd),
     )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("specli: error:"), proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-
-
-def write_config(directory: Path, text: str, name: str = "models.toml") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
-    path.write_text(text)
-    return path
 
 
 # -- model files that must never reach llama.cpp ----------------------------------------------------
