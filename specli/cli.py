@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,11 +14,11 @@ from rich.markup import escape
 from rich.text import Text
 
 from specli.drafters.registry import draft_help
-from specli.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageProblem, friendly_errors
+from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, UsageProblem, friendly_errors
 from specli.events import TokenEvent
-from specli.runplan import Plan, load_run, plan_run, read_prompt, validated
+from specli.runplan import Plan, load_run, model_name, plan_run, read_prompt, validated
 from specli.settings import FLAGS, SETTINGS, defaults_for, parse_updates, valid_text
-from specli.ui.console import make_console
+from specli.ui.console import make_console, shows_styles
 
 if TYPE_CHECKING:
     from specli.api import Speculator
@@ -138,7 +139,7 @@ def run(
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object: text, tokens, stats."),
     verbose: bool = VerboseOpt,
-    config: Path | None = ConfigOpt,
+    config: str | None = ConfigOpt,
 ) -> None:
     """Generate a continuation of PROMPT, showing which tokens the draft got right."""
     out = make_console()
@@ -209,8 +210,8 @@ def _stream(
     printer = None
     sources = spec.drafter.sources if spec.drafter else ()
     if mode == "terminal":
-        if spec.drafter:
-            out.print(legend(show_rejected, sources))
+        if spec.drafter and (shown := legend(show_rejected, sources, styled=shows_styles(out))):
+            out.print(shown)
         out.print(Text(prompt_text, style="bold"), end="")  # Text: the user's words, never markup
         printer = TokenPrinter(out, show_rejected=show_rejected, sources=sources)
     generation = spec.generate(prompt_tokens, params)
@@ -237,7 +238,7 @@ def bench(
     temps: str = typer.Option(
         "0,0.7,1.0", "--temp", metavar="LIST", help="Temperatures to compare, e.g. 0,0.7,1.0."
     ),
-    prompts: Path | None = typer.Option(
+    prompts: str | None = typer.Option(
         None, "--prompts", metavar="FILE", help="Your prompts: one per line, or JSONL."
     ),
     max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="bench",
@@ -260,14 +261,14 @@ def bench(
         "ignore_eos", "--ignore-eos/--stop-at-eos", command="bench",
         help="Generate exactly -n tokens per run, as llama-bench (default), or stop at end-of-text.",
     ),
-    json_path: Path | None = typer.Option(
+    json_path: str | None = typer.Option(
         None, "--json", metavar="FILE", help="Write every figure to this JSON file."
     ),
-    csv_path: Path | None = typer.Option(
+    csv_path: str | None = typer.Option(
         None, "--csv", metavar="FILE", help="Write one row per run to this CSV file."
     ),
     verbose: bool = VerboseOpt,
-    config: Path | None = ConfigOpt,
+    config: str | None = ConfigOpt,
 ) -> None:
     """Does speculation pay here? Plain and speculative runs, interleaved, side by side."""
     from specli import llama
@@ -280,11 +281,17 @@ def bench(
     err = make_console(stderr=True)
     with friendly_errors():
         # Output paths first: a result is never measured only to be lost on a bad path.
-        outputs = [(_output_path(p, opt), writer) for p, opt, writer in
-                   ((json_path, "--json", write_json), (csv_path, "--csv", write_csv)) if p is not None]
+        named = [(p, opt, writer) for p, opt, writer in
+                 ((json_path, "--json", write_json), (csv_path, "--csv", write_csv)) if p is not None]
+        outputs = [(_output_path(p, opt), writer) for p, opt, writer in named]
         flags = given_settings(context)
         ks, temperatures = parse_k_list(k), parse_temp_list(temps)
         plan = plan_run("bench", target, draft, ngram=ngram, config=config, flags=flags)
+        inputs = [(plan.target, "the target"), (plan.draft_model, "the draft"),
+                  (prompts and given_path(prompts, "--prompts"), "--prompts"),
+                  (plan.config, "the models.toml")]
+        _refuse_clashing_outputs([(path, opt) for (path, _), (_, opt, _) in zip(outputs, named, strict=True)],
+                                 [(path, what) for path, what in inputs if path is not None])
         if plan.draft is None:
             raise UsageProblem("bench compares against a drafter: give --draft (a model, or 'ngram')")
         if plan.draft == "mtp":
@@ -295,7 +302,7 @@ def bench(
             draft=plan.draft,
             ks=ks,
             temps=temperatures,
-            prompts=load_prompts(prompts) if prompts else None,
+            prompts=load_prompts(given_path(prompts, "--prompts")) if prompts is not None else None,
             repeat=repeat,
             settings=plan.settings.seeded(),
             ngram=ngram,
@@ -316,13 +323,35 @@ def bench(
             raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _output_path(path: Path, option: str) -> Path:
+def given_path(text: str, option: str) -> Path:
+    """A file option's value as a path; an empty one is refused (Path('') would be the directory '.')."""
+    if not text.strip():
+        raise UsageProblem(f"{option} was given an empty file name")
+    return Path(text).expanduser()
+
+
+def _output_path(path: str, option: str) -> Path:
     from specli.fileio import FileProblem, check_output_path
 
     try:
         return check_output_path(path, option)
     except FileProblem as e:
         raise UsageProblem(str(e)) from None
+
+
+def _refuse_clashing_outputs(outputs: list[tuple[Path, str]], inputs: list[tuple[Path, str]]) -> None:
+    """Two outputs that are one file (the second would silently replace the first), or an output that
+    is one of the inputs (a model, the prompts), are refused before any work."""
+    from specli.fileio import same_output
+
+    for i, (path, option) in enumerate(outputs):
+        for other, other_option in outputs[:i]:
+            if same_output(path, other):
+                raise UsageProblem(f"{other_option} {other} and {option} {path} are the same file: "
+                                   "give each its own")
+        for source, what in inputs:
+            if same_output(path, source):
+                raise UsageProblem(f"{option} {path} is {what} ({source}): writing it would destroy it")
 
 
 def _write_failure(problems: list[str]) -> typer.Exit:
@@ -367,7 +396,7 @@ def chat(
         False, "--no-history", help="Do not read or write the input history file."
     ),
     verbose: bool = VerboseOpt,
-    config: Path | None = ConfigOpt,
+    config: str | None = ConfigOpt,
 ) -> None:
     """Chat with a local model, faster thanks to a draft; /help lists the slash commands."""
     from specli.chat.repl import run_chat
@@ -380,8 +409,8 @@ def chat(
             raise UsageProblem("give the target once: `specli chat NAME` or `specli chat --target FILE`")
         if system is not None:
             valid_text(system, "--system")
-        plan = plan_run("chat", name or target, draft, no_draft=no_draft, ngram=ngram, config=config,
-                        flags=flags)
+        plan = plan_run("chat", name if name is not None else target, draft, no_draft=no_draft, ngram=ngram,
+                        config=config, flags=flags)
         spec = _load(plan, verbose=verbose, err=err)
         with spec:
             options = ChatOptions(system=system, settings=plan.settings, show_rejected=show_rejected,
@@ -397,7 +426,7 @@ app.add_typer(models_app, name="models")
 @models_app.callback(invoke_without_command=True)
 def models_list(
     context: typer.Context,
-    config: Path | None = typer.Option(None, "--config", metavar="FILE", help="models.toml to read."),
+    config: str | None = typer.Option(None, "--config", metavar="FILE", help="models.toml to read."),
     json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
 ) -> None:
     """List the models in models.toml: file present or missing, size, architecture, parameters, vocab."""
@@ -428,7 +457,7 @@ def models_list(
 def models_check(
     target: str = typer.Argument(..., metavar="TARGET", help="Target: a .gguf path or a models.toml name."),
     draft: str = typer.Argument(..., metavar="DRAFT", help="Draft: a .gguf path or a models.toml name."),
-    config: Path | None = ConfigOpt,
+    config: str | None = ConfigOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Can DRAFT draft for TARGET? The engine's vocabulary check, as a report."""
@@ -442,7 +471,8 @@ def models_check(
     with friendly_errors():
         found = find_config(config)
         cfg = load_config(found) if found else None
-        paths = [validated(cfg.resolve(x).path if cfg else Path(x).expanduser()) for x in (target, draft)]
+        named = [model_name(target, "TARGET"), model_name(draft, "DRAFT")]
+        paths = [validated(cfg.resolve(x).path if cfg else Path(x).expanduser()) for x in named]
         llama.set_verbose(verbose)
         opts = llama.ModelOptions(n_ctx=64, n_threads=1)
         with llama.Model(paths[0], opts) as t, llama.Model(paths[1], opts) as d:
@@ -549,6 +579,13 @@ def main() -> None:
         from click import exceptions
 
     try:
+        closed = _stdout_problem()
+        if closed is not None:
+            # Every command writes its results there; finding out after the work (a traceback, or
+            # replies dropped while the chat exits 0) loses them.
+            print(f"specli: error: standard output {closed}: there is nowhere to write the output",
+                  file=sys.stderr, flush=True)
+            sys.exit(EXIT_RUNTIME)
         if len(sys.argv) <= 1:
             app(["--help"])  # no arguments: the help, as `no_args_is_help` would show it
         code = app(standalone_mode=False)
@@ -571,6 +608,25 @@ def main() -> None:
         code = max(code, signals.exit_code())
         _last_line(f"specli: {signals.message(code)}")
     sys.exit(code)
+
+
+def _stdout_problem() -> str | None:
+    """Why stdout cannot take the output (closed: `>&-`, or open only for reading), or None."""
+    if sys.stdout is None:  # Python's stdout when fd 1 was closed at startup
+        return "is closed"
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # a replaced stream (tests): its owner's business
+        return None
+    try:
+        import fcntl
+
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except ImportError:  # Windows
+        return None
+    except OSError:
+        return "is closed"
+    return "is open only for reading" if mode == os.O_RDONLY else None
 
 
 def _last_line(text: str) -> None:

@@ -26,7 +26,10 @@ def debug_enabled() -> bool:
 
 
 def fail(message: str, code: int = EXIT_RUNTIME) -> typer.Exit:
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()  # what was printed comes before the error
+    except (OSError, ValueError, AttributeError):
+        pass
     # One line, on stderr, prefixed so it stands apart from generated text.
     print(f"specli: error: {message}", file=sys.stderr, flush=True)
     return typer.Exit(code)

@@ -35,12 +35,21 @@ class Plan:
     settings: RunSettings
     target_name: str | None = None  # the models.toml name, when the target was given by one
     notes: list[str] = field(default_factory=list)  # for the user, before loading
+    config: Path | None = None  # the models.toml read, if any
 
     @property
     def draft_model(self) -> Path | None:
         """The draft model's file, when the drafter is a model."""
         kind = drafter_kind(self.draft)
         return None if kind is None or kind.reserved else Path(self.draft)  # type: ignore[arg-type]
+
+
+def model_name(text: str, what: str) -> str:
+    """A model given by the user (a path or a models.toml name); an empty one is refused, where it
+    used to become the path '.' and "is a directory"."""
+    if not text.strip():
+        raise UsageProblem(f"{what} is empty: give a .gguf path or a models.toml name")
+    return text
 
 
 def validated(path: Path) -> Path:
@@ -58,7 +67,7 @@ def plan_run(
     *,
     no_draft: bool = False,
     ngram: bool = False,
-    config: Path | None = None,
+    config: str | Path | None = None,
     flags: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Resolve names or paths through models.toml and merge the settings: `command`'s defaults <
@@ -67,6 +76,9 @@ def plan_run(
 
     if no_draft and draft is not None:
         raise UsageProblem("--draft and --no-draft contradict each other: give one of them")
+    model_name(target, "the target (--target)")
+    if draft is not None:
+        model_name(draft, "the draft (--draft)")
     found = find_config(config)
     cfg = load_config(found) if found else None
     settings = defaults_for(command)
@@ -96,7 +108,7 @@ def plan_run(
             "--ngram adds n-gram lookup to a draft model, and there is none: give --draft MODEL "
             "(or --draft ngram for n-gram lookup alone)"
         )
-    plan = Plan(validated(target_path), draft_arg, ngram, settings, name)
+    plan = Plan(validated(target_path), draft_arg, ngram, settings, name, config=found)
     if plan.draft_model is not None and plan.draft_model.resolve() == plan.target.resolve():
         plan.notes.append("the draft is the target itself: every draft is accepted, but drafting costs as "
                           "much as verifying, so this cannot be faster")

@@ -342,11 +342,12 @@ def specli(
     return proc
 
 
-def specli_on_terminal(*args: str, cwd: Path, timeout: float = TIMEOUT) -> tuple[int, str, str]:
+def specli_on_terminal(*args: str, cwd: Path, timeout: float = TIMEOUT,
+                       env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Run with stdout on a pseudo-terminal (the coloured live view), stderr on a pipe."""
     master, slave = pty.openpty()
     proc = subprocess.Popen([EXE, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE,
-                            cwd=cwd, env={**_env(cwd), "COLUMNS": "200", "TERM": "xterm"})
+                            cwd=cwd, env={**_env(cwd), "COLUMNS": "200", "TERM": "xterm", **(env or {})})
     os.close(slave)
     chunks = []
     while True:

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from typer.testing import CliRunner
@@ -368,9 +369,10 @@ def test_a_character_split_across_tokens_is_shown_whole(utf8_model, in_empty_dir
         piped = invoke(*base)
         assert piped.stdout_bytes == "ééééé\n".encode()
     # On a terminal: each character whole, in the colour of the token that completed it.
-    colour = runner.invoke(app, ["run", "--target", str(utf8_model), "Café", "-n", "10", "--temp", "0", *T1,
-                                 "--draft", "ngram", "-k", "3"],
-                           env={"FORCE_COLOR": "1", "TERM": "xterm-256color", "COLUMNS": "100"})
+    with mock.patch("specli.ui.console.is_a_terminal", return_value=True):  # the runner's stdout is none
+        colour = runner.invoke(app, ["run", "--target", str(utf8_model), "Café", "-n", "10", "--temp", "0",
+                                     *T1, "--draft", "ngram", "-k", "3"],
+                               env={"FORCE_COLOR": "1", "TERM": "xterm-256color", "COLUMNS": "100"})
     assert colour.exit_code == 0 and "Caféééééé" in re.sub(r"\x1b\[[0-9;]*m", "", colour.stdout)
     assert "\ufffd" not in colour.stdout
 

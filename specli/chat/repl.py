@@ -22,7 +22,7 @@ from specli.chat.session import ChatError, ChatOptions, ChatSession, ContextNoti
 from specli.errors import EXIT_RUNTIME
 from specli.events import Event, TokenEvent
 from specli.llama import LlamaError
-from specli.ui.console import make_console
+from specli.ui.console import make_console, shows_styles
 
 EXIT_OK = 0
 
@@ -193,8 +193,9 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
         draft_name = spec.drafter.name if spec.drafter else "no draft"
         say(f"chatting with {spec.target.path.name} · {draft_name} · context {spec.target.n_ctx} · "
             "/help for commands, Ctrl-D to leave")
-        if spec.drafter is not None:
-            console.print(legend(options.show_rejected, sources))
+        if spec.drafter is not None and (shown := legend(options.show_rejected, sources,
+                                                         styled=shows_styles(console))):
+            console.print(shown)
     else:
         read_line = _stream_reader(input_stream)
     if session.template_notice:
