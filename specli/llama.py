@@ -79,6 +79,7 @@ _ATTR_UNUSED = 1 << 1  # include/llama.h, enum llama_token_attr
 # llama_context pads n_ctx up to a multiple of 256 (src/llama-context.cpp) and holds it in a uint32.
 CONTEXT_PADDING = 256
 MAX_CONTEXT = 2**32 - CONTEXT_PADDING
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
 
 
 def available_memory() -> int | None:
@@ -139,6 +140,13 @@ class Model:
         self._ctx = None
         self._batch = None
 
+        # Numbers llama.cpp takes as they come: out of range they crash it or wrap around.
+        if not 0 <= opts.n_threads <= MAX_THREADS:
+            raise LlamaError(f"{opts.n_threads} threads: llama.cpp takes 0 (one per core) to {MAX_THREADS}")
+        if not -1 <= opts.n_gpu_layers <= 2**31 - 1:
+            raise LlamaError(f"{opts.n_gpu_layers} GPU layers: llama.cpp takes -1 (all) to {2**31 - 1}")
+        if not 1 <= opts.n_batch <= 2**31 - 1 or not 0 <= opts.max_rollback <= 2**31 - 2:
+            raise LlamaError(f"batch {opts.n_batch} / rollback {opts.max_rollback} out of llama.cpp's range")
         if not 0 <= opts.n_ctx <= MAX_CONTEXT:
             raise LlamaError(
                 f"a context of {opts.n_ctx} tokens is impossible: llama.cpp takes 1 to {MAX_CONTEXT}"

@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from specli.drafters.registry import drafter_kind
-from specli.settings import RunSettings, UsageProblem, decode_input, defaults_for, valid_text
+from specli.settings import (
+    THREADS_PER_CORE,
+    RunSettings,
+    UsageProblem,
+    decode_input,
+    defaults_for,
+    thread_limit,
+    usable_cores,
+    valid_text,
+)
 
 
 def read_prompt(prompt: str) -> str:
@@ -95,6 +104,7 @@ def plan_run(
         target_path, default_draft, name = resolved.path, resolved.draft, resolved.name
         settings = settings.merged(resolved.settings)
     settings = settings.merged(flags or {})
+    _check_threads(settings.threads, "--threads" if "threads" in (flags or {}) else f"threads in {found}")
     draft_arg: str | Path | None = None
     if not no_draft:
         wanted = draft if draft is not None else default_draft
@@ -113,6 +123,16 @@ def plan_run(
         plan.notes.append("the draft is the target itself: every draft is accepted, but drafting costs as "
                           "much as verifying, so this cannot be faster")
     return plan
+
+
+def _check_threads(threads: int, where: str) -> None:
+    limit = thread_limit()
+    if threads > limit:
+        raise UsageProblem(
+            f"{where}: {threads} threads on {usable_cores()} usable CPU cores; at most {limit} here "
+            f"({THREADS_PER_CORE} per core): threads that outnumber the cores only slow llama.cpp down "
+            "(0: one per core)"
+        )
 
 
 def load_run(plan: Plan, *, verbose: bool = False) -> tuple[Any, list[str]]:
