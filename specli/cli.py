@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -14,11 +15,11 @@ from rich.markup import escape
 from rich.text import Text
 
 from specli.drafters.registry import draft_help
-from specli.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageProblem, friendly_errors
+from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, UsageProblem, friendly_errors
 from specli.events import TokenEvent
-from specli.runplan import Plan, load_run, plan_run, read_prompt, validated
+from specli.runplan import Plan, load_run, model_name, plan_run, read_prompt, validated
 from specli.settings import FLAGS, SETTINGS, defaults_for, parse_updates, valid_text
-from specli.ui.console import make_console
+from specli.ui.console import make_console, shows_styles
 
 if TYPE_CHECKING:
     from specli.api import Speculator
@@ -139,7 +140,7 @@ def run(
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object: text, tokens, stats."),
     verbose: bool = VerboseOpt,
-    config: Path | None = ConfigOpt,
+    config: str | None = ConfigOpt,
 ) -> None:
     """Generate a continuation of PROMPT, showing which tokens the draft got right."""
     out = make_console()
@@ -210,8 +211,8 @@ def _stream(
     printer = None
     sources = spec.drafter.sources if spec.drafter else ()
     if mode == "terminal":
-        if spec.drafter:
-            out.print(legend(show_rejected, sources))
+        if spec.drafter and (shown := legend(show_rejected, sources, styled=shows_styles(out))):
+            out.print(shown)
         out.print(Text(prompt_text, style="bold"), end="")  # Text: the user's words, never markup
         printer = TokenPrinter(out, show_rejected=show_rejected, sources=sources)
     generation = spec.generate(prompt_tokens, params)
@@ -238,7 +239,7 @@ def bench(
     temps: str = typer.Option(
         "0,0.7,1.0", "--temp", metavar="LIST", help="Temperatures to compare, e.g. 0,0.7,1.0."
     ),
-    prompts: Path | None = typer.Option(
+    prompts: str | None = typer.Option(
         None, "--prompts", metavar="FILE", help="Your prompts: one per line, or JSONL."
     ),
     max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="bench",
@@ -261,14 +262,14 @@ def bench(
         "ignore_eos", "--ignore-eos/--stop-at-eos", command="bench",
         help="Generate exactly -n tokens per run, as llama-bench (default), or stop at end-of-text.",
     ),
-    json_path: Path | None = typer.Option(
+    json_path: str | None = typer.Option(
         None, "--json", metavar="FILE", help="Write every figure to this JSON file."
     ),
-    csv_path: Path | None = typer.Option(
+    csv_path: str | None = typer.Option(
         None, "--csv", metavar="FILE", help="Write one row per run to this CSV file."
     ),
     verbose: bool = VerboseOpt,
-    config: Path | None = ConfigOpt,
+    config: str | None = ConfigOpt,
 ) -> None:
     """Does speculation pay here? Plain and speculative runs, interleaved, side by side."""
     from specli import llama
@@ -281,11 +282,17 @@ def bench(
     err = make_console(stderr=True)
     with friendly_errors():
         # Output paths first: a result is never measured only to be lost on a bad path.
-        outputs = [(_output_path(p, opt), writer) for p, opt, writer in
-                   ((json_path, "--json", write_json), (csv_path, "--csv", write_csv)) if p is not None]
+        named = [(p, opt, writer) for p, opt, writer in
+                 ((json_path, "--json", write_json), (csv_path, "--csv", write_csv)) if p is not None]
+        outputs = [(_output_path(p, opt), writer) for p, opt, writer in named]
         flags = given_settings(context)
         ks, temperatures = parse_k_list(k), parse_temp_list(temps)
         plan = plan_run("bench", target, draft, ngram=ngram, config=config, flags=flags)
+        inputs = [(plan.target, "the target"), (plan.draft_model, "the draft"),
+                  (prompts and given_path(prompts, "--prompts"), "--prompts"),
+                  (plan.config, "the models.toml")]
+        _refuse_clashing_outputs([(path, opt) for (path, _), (_, opt, _) in zip(outputs, named, strict=True)],
+                                 [(path, what) for path, what in inputs if path is not None])
         if plan.draft is None:
             raise UsageProblem("bench compares against a drafter: give --draft (a model, or 'ngram')")
         if plan.draft == "mtp":
@@ -296,7 +303,7 @@ def bench(
             draft=plan.draft,
             ks=ks,
             temps=temperatures,
-            prompts=load_prompts(prompts) if prompts else None,
+            prompts=load_prompts(given_path(prompts, "--prompts")) if prompts is not None else None,
             repeat=repeat,
             settings=plan.settings.seeded(),
             ngram=ngram,
@@ -317,13 +324,35 @@ def bench(
             raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _output_path(path: Path, option: str) -> Path:
+def given_path(text: str, option: str) -> Path:
+    """A file option's value as a path; an empty one is refused (Path('') would be the directory '.')."""
+    if not text.strip():
+        raise UsageProblem(f"{option} was given an empty file name")
+    return Path(text).expanduser()
+
+
+def _output_path(path: str, option: str) -> Path:
     from specli.fileio import FileProblem, check_output_path
 
     try:
         return check_output_path(path, option)
     except FileProblem as e:
         raise UsageProblem(str(e)) from None
+
+
+def _refuse_clashing_outputs(outputs: list[tuple[Path, str]], inputs: list[tuple[Path, str]]) -> None:
+    """Two outputs that are one file (the second would silently replace the first), or an output that
+    is one of the inputs (a model, the prompts), are refused before any work."""
+    from specli.fileio import same_output
+
+    for i, (path, option) in enumerate(outputs):
+        for other, other_option in outputs[:i]:
+            if same_output(path, other):
+                raise UsageProblem(f"{other_option} {other} and {option} {path} are the same file: "
+                                   "give each its own")
+        for source, what in inputs:
+            if same_output(path, source):
+                raise UsageProblem(f"{option} {path} is {what} ({source}): writing it would destroy it")
 
 
 def _write_failure(problems: list[str]) -> typer.Exit:
@@ -368,7 +397,7 @@ def chat(
         False, "--no-history", help="Do not read or write the input history file."
     ),
     verbose: bool = VerboseOpt,
-    config: Path | None = ConfigOpt,
+    config: str | None = ConfigOpt,
 ) -> None:
     """Chat with a local model, faster thanks to a draft; /help lists the slash commands."""
     from specli.chat.repl import run_chat
@@ -381,8 +410,8 @@ def chat(
             raise UsageProblem("give the target once: `specli chat NAME` or `specli chat --target FILE`")
         if system is not None:
             valid_text(system, "--system")
-        plan = plan_run("chat", name or target, draft, no_draft=no_draft, ngram=ngram, config=config,
-                        flags=flags)
+        plan = plan_run("chat", name if name is not None else target, draft, no_draft=no_draft, ngram=ngram,
+                        config=config, flags=flags)
         spec = _load(plan, verbose=verbose, err=err)
         with spec:
             options = ChatOptions(system=system, settings=plan.settings, show_rejected=show_rejected,
@@ -483,7 +512,7 @@ app.add_typer(models_app, name="models")
 @models_app.callback(invoke_without_command=True)
 def models_list(
     context: typer.Context,
-    config: Path | None = typer.Option(None, "--config", metavar="FILE", help="models.toml to read."),
+    config: str | None = typer.Option(None, "--config", metavar="FILE", help="models.toml to read."),
     json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
 ) -> None:
     """List the models in models.toml: file present or missing, size, architecture, parameters, vocab."""
@@ -514,7 +543,7 @@ def models_list(
 def models_check(
     target: str = typer.Argument(..., metavar="TARGET", help="Target: a .gguf path or a models.toml name."),
     draft: str = typer.Argument(..., metavar="DRAFT", help="Draft: a .gguf path or a models.toml name."),
-    config: Path | None = ConfigOpt,
+    config: str | None = ConfigOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Can DRAFT draft for TARGET? The engine's vocabulary check, as a report."""
@@ -528,7 +557,8 @@ def models_check(
     with friendly_errors():
         found = find_config(config)
         cfg = load_config(found) if found else None
-        paths = [validated(cfg.resolve(x).path if cfg else Path(x).expanduser()) for x in (target, draft)]
+        named = [model_name(target, "TARGET"), model_name(draft, "DRAFT")]
+        paths = [validated(cfg.resolve(x).path if cfg else Path(x).expanduser()) for x in named]
         llama.set_verbose(verbose)
         opts = llama.ModelOptions(n_ctx=64, n_threads=1)
         with llama.Model(paths[0], opts) as t, llama.Model(paths[1], opts) as d:
@@ -691,30 +721,75 @@ def _synthetic_demo(directory: Path, prompt: str, flags: dict) -> None:
 
 
 def main() -> None:
-    """The console script: every way of exiting goes through one error format and exit code."""
+    """The console script (through specli.launcher, which installed the signal handlers): every way of
+    exiting goes through one error format and exit code; an interrupted command ends with one line."""
+    from specli import signals
+
     try:
         from typer._click import exceptions  # recent typer vendors click
     except ImportError:  # pragma: no cover - older typer on the real click
         from click import exceptions
 
-    if len(sys.argv) <= 1:
-        app(["--help"])  # no arguments: the help, as `no_args_is_help` would show it
     try:
+        closed = _stdout_problem()
+        if closed is not None:
+            # Every command writes its results there; finding out after the work (a traceback, or
+            # replies dropped while the chat exits 0) loses them.
+            print(f"specli: error: standard output {closed}: there is nowhere to write the output",
+                  file=sys.stderr, flush=True)
+            sys.exit(EXIT_RUNTIME)
+        if len(sys.argv) <= 1:
+            app(["--help"])  # no arguments: the help, as `no_args_is_help` would show it
         code = app(standalone_mode=False)
     except typer.Exit as e:
         code = e.exit_code
-    except typer.Abort:
-        print("specli: interrupted", file=sys.stderr, flush=True)
-        code = EXIT_INTERRUPTED
-    except KeyboardInterrupt:
-        print("specli: interrupted", file=sys.stderr, flush=True)
-        code = EXIT_INTERRUPTED
+    except typer.Abort as e:
+        code = signals.exit_code(e.__cause__ if isinstance(e.__cause__, KeyboardInterrupt) else None)
+    except KeyboardInterrupt as e:
+        code = signals.exit_code(e)
     except exceptions.ClickException as e:
         # typer/click's checks (-n 0, --temp -1, a missing option ...): one line like our own, not a box
         message = " ".join(e.format_message().split())
         print(f"specli: error: {message}", file=sys.stderr, flush=True)
         code = EXIT_USAGE if isinstance(e, exceptions.UsageError) else e.exit_code
-    sys.exit(code if isinstance(code, int) else 0)
+    signals.hold()  # exiting: a second Ctrl-C must not interrupt the last line
+    code = code if isinstance(code, int) else 0
+    if code in (signals.EXIT_INTERRUPTED, signals.EXIT_TERMINATED):
+        # Interrupted (typer turns a KeyboardInterrupt it sees into a silent 130): say so last, with the
+        # code of the signal that came (SIGTERM: 143), after whatever was kept (stats, bench's report).
+        code = max(code, signals.exit_code())
+        _last_line(f"specli: {signals.message(code)}")
+    sys.exit(code)
+
+
+def _stdout_problem() -> str | None:
+    """Why stdout cannot take the output (closed: `>&-`, or open only for reading), or None."""
+    if sys.stdout is None:  # Python's stdout when fd 1 was closed at startup
+        return "is closed"
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # a replaced stream (tests): its owner's business
+        return None
+    try:
+        import fcntl
+
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except ImportError:  # Windows
+        return None
+    except OSError:
+        return "is closed"
+    return "is open only for reading" if mode == os.O_RDONLY else None
+
+
+def _last_line(text: str) -> None:
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):  # stdout closed or gone: nothing to flush
+        pass
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Any
 
 from specli.drafters.registry import RESERVED_NAMES
 from specli.fileio import regular_file_problem
-from specli.settings import SETTING_NAMES, file_source, parse_updates
+from specli.settings import SETTING_NAMES, UsageProblem, file_source, parse_updates
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -202,6 +202,8 @@ def config_search_paths(explicit: str | os.PathLike[str] | None = None) -> list[
     """Where ``find_config`` looks, in order, as (path, why) pairs: for messages and `specli models`."""
     out: list[tuple[Path, str]] = []
     if explicit is not None:
+        if not os.fspath(explicit).strip():
+            raise UsageProblem("--config was given an empty file name")
         out.append((Path(explicit).expanduser(), "--config"))
     env = os.environ.get(ENV_VAR)
     if env:

@@ -11,11 +11,12 @@ from contextlib import contextmanager
 
 import typer
 
+from specli import signals
 from specli.settings import UsageProblem
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = signals.EXIT_INTERRUPTED  # 130; SIGTERM: 143 (specli.signals)
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_RUNTIME", "EXIT_USAGE", "UsageProblem", "fail", "friendly_errors"]
 
@@ -25,7 +26,10 @@ def debug_enabled() -> bool:
 
 
 def fail(message: str, code: int = EXIT_RUNTIME) -> typer.Exit:
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()  # what was printed comes before the error
+    except (OSError, ValueError, AttributeError):
+        pass
     # One line, on stderr, prefixed so it stands apart from generated text.
     print(f"specli: error: {message}", file=sys.stderr, flush=True)
     return typer.Exit(code)
@@ -55,10 +59,10 @@ def friendly_errors() -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort):
         raise
-    except KeyboardInterrupt:
-        # Outside a generation (loading, prompt setup): nothing to report but the interruption.
-        print("specli: interrupted", file=sys.stderr, flush=True)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt as e:
+        # Outside a generation (loading, prompt setup): nothing to report but the interruption, which
+        # the launcher says last (specli.cli.main).
+        raise typer.Exit(signals.exit_code(e)) from None
     except BrokenPipeError:
         # The reader went away (`specli run ... | head -1`): end quietly. Point stdout at devnull so
         # the interpreter's final flush does not complain again.

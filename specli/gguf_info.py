@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import mmap
 import os
 import re
@@ -853,10 +854,35 @@ def _hparam_problems(info: GGUFInfo, arch: str) -> list[_Problem]:
                     f"expert_used_count={n_used}, expert_group_count={n_groups}, "
                     f"expert_group_used_count={n_group_used})", _RECONVERT))
 
+    out += _float_problems(info, arch)
+
     rope = md.get(key("rope.scaling.type"))
     if rope is not None and rope not in _ROPE_SCALING_TYPES:
         out.append((f"{key('rope.scaling.type')} is {rope!r}, llama.cpp knows "
                     f"{', '.join(sorted(_ROPE_SCALING_TYPES))}", _RECONVERT))
+    return out
+
+
+_FLOAT_TYPES = frozenset({"float32", "float64", "array[float32]", "array[float64]"})
+
+
+def _float_problems(info: GGUFInfo, arch: str) -> list[_Problem]:
+    """Float hyperparameters: finite, and the norm epsilons not negative. ggml's norm kernels abort on
+    GGML_ASSERT(eps >= 0.0f), which a NaN fails too; an infinite value or a rope base that is not
+    positive makes every logit NaN."""
+    out: list[_Problem] = []
+    for name, value in info.metadata.items():
+        if not name.startswith(f"{arch}.") or info.metadata_types.get(name) not in _FLOAT_TYPES:
+            continue
+        values = value if isinstance(value, list) else [value] if isinstance(value, float) else []
+        bad = next((v for v in values if not math.isfinite(v)), None)
+        if bad is not None:
+            out.append((f"{name} is {bad}, not a finite number", _RECONVERT))
+        elif name.endswith("epsilon") and (bad := next((v for v in values if v < 0), None)) is not None:
+            out.append((f"{name} is {bad:g}; llama.cpp needs an epsilon >= 0 (it aborts otherwise)",
+                        _RECONVERT))
+        elif name == f"{arch}.rope.freq_base" and values and values[0] <= 0:
+            out.append((f"{name} is {values[0]:g}, not a positive number", _RECONVERT))
     return out
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,27 +36,25 @@ class RollbackError(LlamaError):
 
 # -- logging -------------------------------------------------------------------------------------------
 
-_log_verbose = False
-
-
-@llc.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if _log_verbose and text:
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
-        sys.stderr.flush()
-
-
-# A module-level reference keeps the ctypes callback alive for the life of the process: a collected
-# callback segfaults at llama.cpp's next log line.
-_LOG_CALLBACK_REF = _log_callback
+# llama.cpp's log callback is C code, never Python: Python runs a signal's handler between any two
+# bytecodes of the main thread, so a Ctrl-C landing in a Python callback (llama.cpp logs hundreds of
+# lines while loading) raised KeyboardInterrupt inside it, where ctypes printed "Exception ignored" and
+# dropped it: the load went on and the run finished with exit 0. With C callbacks the signal waits until
+# the llama.cpp call returns, then interrupts Python code that can stop cleanly.
+# Quiet: a C function that ignores its arguments and touches nothing (Py_IsInitialized only reads a
+# flag, needs no GIL, and every C calling convention lets a callee ignore arguments it does not take).
+# Verbose: NULL, llama.cpp's own logger, which writes to stderr.
+_QUIET_LOG = ctypes.cast(ctypes.pythonapi.Py_IsInitialized, llc.llama_log_callback)
+_LLAMA_CPP_LOG = llc.llama_log_callback()  # a NULL function pointer
 _backend_ready = False
+_log_verbose = False
 
 
 def set_verbose(verbose: bool) -> None:
     """Show llama.cpp's own log on stderr (True) or silence it (False, the default)."""
     global _log_verbose
     _log_verbose = verbose
-    llc.llama_log_set(_LOG_CALLBACK_REF, ctypes.c_void_p(0))
+    llc.llama_log_set(_LLAMA_CPP_LOG if verbose else _QUIET_LOG, ctypes.c_void_p(0))
 
 
 def _ensure_backend() -> None:
@@ -82,6 +79,7 @@ _ATTR_UNUSED = 1 << 1  # include/llama.h, enum llama_token_attr
 # llama_context pads n_ctx up to a multiple of 256 (src/llama-context.cpp) and holds it in a uint32.
 CONTEXT_PADDING = 256
 MAX_CONTEXT = 2**32 - CONTEXT_PADDING
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
 
 
 def available_memory() -> int | None:
@@ -142,6 +140,13 @@ class Model:
         self._ctx = None
         self._batch = None
 
+        # Numbers llama.cpp takes as they come: out of range they crash it or wrap around.
+        if not 0 <= opts.n_threads <= MAX_THREADS:
+            raise LlamaError(f"{opts.n_threads} threads: llama.cpp takes 0 (one per core) to {MAX_THREADS}")
+        if not -1 <= opts.n_gpu_layers <= 2**31 - 1:
+            raise LlamaError(f"{opts.n_gpu_layers} GPU layers: llama.cpp takes -1 (all) to {2**31 - 1}")
+        if not 1 <= opts.n_batch <= 2**31 - 1 or not 0 <= opts.max_rollback <= 2**31 - 2:
+            raise LlamaError(f"batch {opts.n_batch} / rollback {opts.max_rollback} out of llama.cpp's range")
         if not 0 <= opts.n_ctx <= MAX_CONTEXT:
             raise LlamaError(
                 f"a context of {opts.n_ctx} tokens is impossible: llama.cpp takes 1 to {MAX_CONTEXT}"

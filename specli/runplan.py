@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from specli.drafters.registry import drafter_kind
-from specli.settings import RunSettings, UsageProblem, decode_input, defaults_for, valid_text
+from specli.settings import (
+    THREADS_PER_CORE,
+    RunSettings,
+    UsageProblem,
+    decode_input,
+    defaults_for,
+    thread_limit,
+    usable_cores,
+    valid_text,
+)
 
 
 def read_prompt(prompt: str) -> str:
@@ -35,12 +44,21 @@ class Plan:
     settings: RunSettings
     target_name: str | None = None  # the models.toml name, when the target was given by one
     notes: list[str] = field(default_factory=list)  # for the user, before loading
+    config: Path | None = None  # the models.toml read, if any
 
     @property
     def draft_model(self) -> Path | None:
         """The draft model's file, when the drafter is a model."""
         kind = drafter_kind(self.draft)
         return None if kind is None or kind.reserved else Path(self.draft)  # type: ignore[arg-type]
+
+
+def model_name(text: str, what: str) -> str:
+    """A model given by the user (a path or a models.toml name); an empty one is refused, where it
+    used to become the path '.' and "is a directory"."""
+    if not text.strip():
+        raise UsageProblem(f"{what} is empty: give a .gguf path or a models.toml name")
+    return text
 
 
 def validated(path: Path, *, speculative_target: bool = False) -> Path:
@@ -70,7 +88,7 @@ def plan_run(
     *,
     no_draft: bool = False,
     ngram: bool = False,
-    config: Path | None = None,
+    config: str | Path | None = None,
     flags: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Resolve names or paths through models.toml and merge the settings: `command`'s defaults <
@@ -79,6 +97,9 @@ def plan_run(
 
     if no_draft and draft is not None:
         raise UsageProblem("--draft and --no-draft contradict each other: give one of them")
+    model_name(target, "the target (--target)")
+    if draft is not None:
+        model_name(draft, "the draft (--draft)")
     found = find_config(config)
     cfg = load_config(found) if found else None
     settings = defaults_for(command)
@@ -95,6 +116,7 @@ def plan_run(
         target_path, default_draft, name = resolved.path, resolved.draft, resolved.name
         settings = settings.merged(resolved.settings)
     settings = settings.merged(flags or {})
+    _check_threads(settings.threads, "--threads" if "threads" in (flags or {}) else f"threads in {found}")
     draft_arg: str | Path | None = None
     if not no_draft:
         wanted = draft if draft is not None else default_draft
@@ -109,11 +131,21 @@ def plan_run(
             "(or --draft ngram for n-gram lookup alone)"
         )
     plan = Plan(validated(target_path, speculative_target=draft_arg is not None), draft_arg, ngram, settings,
-                name)
+                name, config=found)
     if plan.draft_model is not None and plan.draft_model.resolve() == plan.target.resolve():
         plan.notes.append("the draft is the target itself: every draft is accepted, but drafting costs as "
                           "much as verifying, so this cannot be faster")
     return plan
+
+
+def _check_threads(threads: int, where: str) -> None:
+    limit = thread_limit()
+    if threads > limit:
+        raise UsageProblem(
+            f"{where}: {threads} threads on {usable_cores()} usable CPU cores; at most {limit} here "
+            f"({THREADS_PER_CORE} per core): threads that outnumber the cores only slow llama.cpp down "
+            "(0: one per core)"
+        )
 
 
 def load_run(plan: Plan, *, verbose: bool = False) -> tuple[Any, list[str]]:

@@ -10,6 +10,12 @@
 
 from __future__ import annotations
 
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,3 +307,78 @@ def free_drafting(*sources: str) -> CostModel:
         for source in sources or ("draft", "ngram", "mtp"):
             costs.observe_draft(source, 1, 1e-9)
     return costs
+
+
+# ---------------------------------------------------------------------------------------------------
+# the installed `specli` in a subprocess
+# ---------------------------------------------------------------------------------------------------
+
+EXE = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
+TIMEOUT = 120  # a hang fails the test (TimeoutExpired) instead of blocking the run
+
+
+def _env(cwd: Path) -> dict[str, str]:
+    """No models.toml from the user's config dir."""
+    env = {**os.environ, "XDG_CONFIG_HOME": str(cwd / "xdg"), "XDG_STATE_HOME": str(cwd / "state")}
+    env.pop("SPECLI_CONFIG", None)
+    return env
+
+
+def specli(
+    *args: str | bytes, cwd: Path, input: str | bytes | None = None, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess:
+    binary = isinstance(input, bytes) or any(isinstance(a, bytes) for a in args)
+    proc = subprocess.run(
+        [EXE, *args],
+        capture_output=True,
+        cwd=cwd,
+        input=input if binary or input is None else input.encode(),
+        timeout=timeout,
+        env=_env(cwd),
+    )
+    # decoded here, leniently: what the program wrote for invalid input must not break the test itself
+    proc.stdout = proc.stdout.decode("utf-8", "replace")
+    proc.stderr = proc.stderr.decode("utf-8", "replace")
+    return proc
+
+
+def specli_on_terminal(*args: str, cwd: Path, timeout: float = TIMEOUT,
+                       env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run with stdout on a pseudo-terminal (the coloured live view), stderr on a pipe."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([EXE, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE,
+                            cwd=cwd, env={**_env(cwd), "COLUMNS": "200", "TERM": "xterm", **(env or {})})
+    os.close(slave)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([master], [], [], timeout)
+        if not ready:
+            proc.kill()
+            raise AssertionError("no output on the terminal: hung?")
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    err = proc.stderr.read().decode("utf-8", "replace")
+    rc = proc.wait(timeout=timeout)
+    return rc, b"".join(chunks).decode("utf-8", "replace"), err
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specli: error:"), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def write_config(directory: Path, text: str, name: str = "models.toml") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(text)
+    return path

@@ -474,9 +474,12 @@ def completed_runs(terminal_output: bytes) -> int:
     return int(counts[-1]) if counts else 0
 
 
-def test_ctrl_c_stops_the_bench_with_exit_130_and_keeps_whole_pairs(fixture_models, tmp_path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_stops_the_bench_with_exit_130_and_keeps_whole_pairs(fixture_models, tmp_path, signum) -> None:
     """SIGINT once the progress display shows a finished run: the completed pairs are reported and
-    written, and the exit code is 130. Stderr is a pseudo-terminal so that the progress is shown."""
+    written, and the exit code is 130. SIGTERM (timeout, systemd, containers) the same, exit 143: it
+    used to kill the bench with no report and no file. Stderr is a pseudo-terminal so that the
+    progress is shown."""
     pty = pytest.importorskip("pty", reason="needs a POSIX pseudo-terminal")
     exe = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
     out_json, prompts = tmp_path / "r.json", tmp_path / "p.txt"
@@ -503,14 +506,14 @@ def test_ctrl_c_stops_the_bench_with_exit_130_and_keeps_whole_pairs(fixture_mode
                 except OSError:  # the child closed the terminal: it ended early
                     break
             assert proc.poll() is None, f"bench ended before the interrupt: {seen[-500:]!r}"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         stdout, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         os.close(master)
-    assert proc.returncode == 130
+    assert proc.returncode == 128 + signum
     data = json.loads(out_json.read_text())
     assert data["interrupted"] is True
     assert len(data["runs"]) >= 2 and len(data["runs"]) % 2 == 0

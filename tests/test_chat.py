@@ -200,26 +200,23 @@ class _InterruptingFile(io.StringIO):
 
 
 @pytest.mark.parametrize("times", [1, 2])
-def test_ctrl_c_during_a_reply_stops_it_and_the_chat_goes_on(fixture_models, tmp_path, times) -> None:
-    save = tmp_path / "t.json"
+def test_ctrl_c_during_a_piped_reply_stops_it_and_the_chat_with_130(fixture_models, tmp_path, times) -> None:
+    """Piped, Ctrl-C means stop: the partial reply is shown and kept, the next line is not read, and the
+    exit code says so (it used to go on to the next line and exit 0, so a script could not tell).
+    In a terminal the chat goes on: test_ctrl_c_in_a_terminal_stops_the_reply_and_the_chat_goes_on."""
     out, err = _InterruptingFile(at_write=3, times=times), io.StringIO()
     options = ChatOptions(settings=chat_settings(temp=0.0, max_tokens=200, draft_max=2), history=False)
     previous = signal.getsignal(signal.SIGINT)
     with load(fixture_models.target, fixture_models.draft, n_ctx=512) as spec:
-        lines = io.StringIO(f"Once upon a time\nThe bird was sad\n/save {save}\n")
+        lines = io.StringIO("Once upon a time\nThe bird was sad\n")
         code = run_chat(spec, options, input_stream=lines, console=Console(file=out, highlight=False),
                         err_console=Console(file=err, highlight=False))
     assert signal.getsignal(signal.SIGINT) is previous  # the reply's handler is removed again
-    assert code == 0
-    data = json.loads(save.read_text())
-    first, second = data["turns"]
-    assert first["stop_reason"] == "interrupted" and first["generated_tokens"] < 200
-    assert second["stop_reason"] != "interrupted"
-    partial = data["messages"][1]["content"]
-    assert out.getvalue().startswith(partial + "\n")  # what was shown is what the history keeps
+    assert code == 130
+    assert lines.readline() == "The bird was sad\n"  # not read: the chat stopped
+    shown = out.getvalue()
+    assert shown.endswith("\n") and shown.count("\n") == 1 and len(shown) > 1  # one partial reply
     assert "interrupted" in err.getvalue().splitlines()[1]
-    # The second reply reused the first turn's cache (the interrupt came between two engine events).
-    assert second["prefill_tokens"] < second["prompt_tokens"] - first["prompt_tokens"]
 
 
 def test_an_interrupt_inside_the_engine_keeps_the_caches_consistent(fixture_models) -> None:
@@ -583,3 +580,49 @@ def test_interactive_chat_keeps_input_history_unless_told_not_to(fixture_models,
     assert "accepted draft" in shown  # the legend: the terminal view, not the piped one
     lines = history.read_text().splitlines()
     assert "Once upon a time" in lines and "/exit" in lines
+
+
+def test_ctrl_c_in_a_terminal_stops_the_reply_and_the_chat_goes_on(fixture_models, tmp_path) -> None:
+    """In a terminal, Ctrl-C during a reply stops that reply (its stats line says so), the prompt comes
+    back for the next message, and the chat ends normally with /exit."""
+    pty = pytest.importorskip("pty", reason="needs a POSIX pseudo-terminal")
+    exe = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TERM": "xterm"}
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [exe, "chat", "--target", str(fixture_models.target), "-t", "1", "-c", "16384", "-n", "100000",
+         "--temp", "0", "--no-history"],
+        stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path, env=env, close_fds=True)
+    os.close(slave)
+    seen = b""
+
+    def wait_for(pattern: bytes, start: int = 0) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + 120  # a hang guard only: the wait is for the output
+        while not re.search(pattern, seen[start:]):
+            assert time.monotonic() < deadline, f"waited for {pattern!r}: {seen[-400:]!r}"
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:
+                    raise AssertionError(f"the chat ended early: {seen[-400:]!r}") from None
+
+    try:
+        wait_for(rb"> ")  # the prompt: typed ahead, the line would be echoed before the note
+        mark = len(seen)
+        os.write(master, b"Once upon a time\n")
+        wait_for(rb"Once upon a time\r?\n[^\n]{20}", mark)  # the reply streams
+        proc.send_signal(signal.SIGINT)
+        wait_for(rb"interrupted", mark)
+        mark = len(seen)
+        os.write(master, b"/k\n")  # the prompt is back
+        wait_for(rb"k = ", mark)
+        os.write(master, b"/exit\n")
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+

@@ -12,13 +12,12 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import math
 import os
-import pty
-import select
 import shutil
 import signal
+import struct
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +25,16 @@ import gguf
 import llama_cpp
 import numpy as np
 import pytest
-from support import write_gguf
+from support import (
+    EXE,
+    TIMEOUT,
+    _env,
+    assert_one_line_error,
+    specli,
+    specli_on_terminal,
+    write_config,
+    write_gguf,
+)
 
 from specli import GenerationParams, SamplingParams, TokenEvent, load
 from specli import llama as specli_llama
@@ -36,58 +44,6 @@ from specli_synth.ngram_model import write_ngram_model
 from specli_synth.vocab import Vocab
 
 PROMPT = "Once upon a time"
-EXE = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
-TIMEOUT = 120  # a hang fails the test (TimeoutExpired) instead of blocking the run
-
-
-def _env(cwd: Path) -> dict[str, str]:
-    """No models.toml from the user's config dir."""
-    env = {**os.environ, "XDG_CONFIG_HOME": str(cwd / "xdg"), "XDG_STATE_HOME": str(cwd / "state")}
-    env.pop("SPECLI_CONFIG", None)
-    return env
-
-
-def specli(
-    *args: str | bytes, cwd: Path, input: str | bytes | None = None, timeout: float = TIMEOUT
-) -> subprocess.CompletedProcess:
-    binary = isinstance(input, bytes) or any(isinstance(a, bytes) for a in args)
-    proc = subprocess.run(
-        [EXE, *args],
-        capture_output=True,
-        cwd=cwd,
-        input=input if binary or input is None else input.encode(),
-        timeout=timeout,
-        env=_env(cwd),
-    )
-    # decoded here, leniently: what the program wrote for invalid input must not break the test itself
-    proc.stdout = proc.stdout.decode("utf-8", "replace")
-    proc.stderr = proc.stderr.decode("utf-8", "replace")
-    return proc
-
-
-def specli_on_terminal(*args: str, cwd: Path, timeout: float = TIMEOUT) -> tuple[int, str, str]:
-    """Run with stdout on a pseudo-terminal (the coloured live view), stderr on a pipe."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([EXE, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE,
-                            cwd=cwd, env={**_env(cwd), "COLUMNS": "200", "TERM": "xterm"})
-    os.close(slave)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([master], [], [], timeout)
-        if not ready:
-            proc.kill()
-            raise AssertionError("no output on the terminal: hung?")
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    err = proc.stderr.read().decode("utf-8", "replace")
-    rc = proc.wait(timeout=timeout)
-    return rc, b"".join(chunks).decode("utf-8", "replace"), err
 
 
 def start_specli(*args: str, cwd: Path, stdin=None) -> subprocess.Popen:
@@ -102,22 +58,6 @@ def start_specli(*args: str, cwd: Path, stdin=None) -> subprocess.Popen:
     )
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("specli: error:"), proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-
-
-def write_config(directory: Path, text: str, name: str = "models.toml") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
-    path.write_text(text)
-    return path
-
-
 # -- model files that must never reach llama.cpp ----------------------------------------------------
 
 
@@ -128,6 +68,17 @@ def header_edit(src: Path, dst: Path, old: bytes, new: bytes) -> Path:
     end = read_gguf_info(src).data_offset
     assert old in data[:end]
     dst.write_bytes(data[:end].replace(old, new) + data[end:])
+    return dst
+
+
+def metadata_edit(src: Path, dst: Path, key: str, value: float) -> Path:
+    """Copy `src` with the float32 metadata `key` set to `value` (in place: offsets stay valid)."""
+    data = bytearray(src.read_bytes())
+    needle = struct.pack("<Q", len(key)) + key.encode()
+    at = data.index(needle) + len(needle)
+    assert struct.unpack_from("<I", data, at)[0] == 6, "not a float32"  # GGUF value type float32
+    struct.pack_into("<f", data, at + 4, value)
+    dst.write_bytes(bytes(data))
     return dst
 
 
@@ -152,6 +103,11 @@ def _bad_file(kind: str, tmp: Path, good: Path) -> Path | str:
         return header_edit(good, tmp / "nobytes.gguf", b"<0x", b"<1x")
     if kind == "newline token":  # only the byte token for "\n" is gone
         return header_edit(good, tmp / "nonl.gguf", b"<0x0A>", b"<0x0a>")
+    if kind in ("eps nan", "eps negative", "eps infinite"):  # NaN and -1: GGML_ASSERT(eps >= 0), exit 134
+        value = {"eps nan": math.nan, "eps negative": -1.0, "eps infinite": math.inf}[kind]
+        return metadata_edit(good, tmp / "eps.gguf", "llama.attention.layer_norm_rms_epsilon", value)
+    if kind == "rope base":  # every logit NaN
+        return metadata_edit(good, tmp / "rope.gguf", "llama.rope.freq_base", 0.0)
     if kind == "fifo":  # opening it for reading blocks until a writer comes: forever
         os.mkfifo(tmp / "pipe.gguf")
         return tmp / "pipe.gguf"
@@ -171,6 +127,10 @@ def _bad_file(kind: str, tmp: Path, good: Path) -> Path | str:
         ("architecture", "not supported"),
         ("byte tokens", "the SPM vocabulary lacks byte tokens for"),
         ("newline token", "lacks byte tokens for 1 of the 256"),
+        ("eps nan", "layer_norm_rms_epsilon is nan, not a finite number"),
+        ("eps negative", "llama.cpp needs an epsilon >= 0"),
+        ("eps infinite", "layer_norm_rms_epsilon is inf, not a finite number"),
+        ("rope base", "llama.rope.freq_base is 0, not a positive number"),
         ("fifo", "named pipe (FIFO), not a regular file"),
         ("device", "character device, not a regular file"),
     ],
@@ -385,6 +345,11 @@ BAD_OPTIONS = [
     (["-k", "-1"], "--draft-max"),
     (["-k", "65"], "--draft-max"),
     (["-t", "-1"], "--threads"),
+    (["-t", "513"], "--threads must be a whole number from 0 to 512"),
+    (["-t", "70000"], "--threads"),  # SIGSEGV in llama.cpp
+    (["-t", "2147483648"], "--threads"),  # wrapped around
+    (["-ngl", "-2"], "--gpu-layers"),
+    (["-ngl", "2147483648"], "--gpu-layers"),
     (["-n", "0"], "--max-tokens"),
     (["-s", "-2"], "--seed"),
     (["-s", "4294967296"], "--seed"),
@@ -436,6 +401,28 @@ def test_chat_options_exit_2_like_run(fixture_models, tmp_path, args, fragment) 
         "chat", "--target", str(fixture_models.target), "--no-history", *args, cwd=tmp_path, input="hi\n"
     )
     assert_one_line_error(proc, 2, fragment)
+
+
+def test_thread_counts_are_bounded_by_the_machine(fixture_models, tmp_path) -> None:
+    """Within ggml's 512, far more threads than cores is a hang in all but name (-t 5000 took 35 s for
+    a few tokens of a tiny model): refused beyond THREADS_PER_CORE per usable core, named where it was
+    set; the API refuses what llama.cpp cannot take."""
+    from specli.settings import thread_limit
+
+    too_many = str(thread_limit() + 1)
+    if thread_limit() < 512:
+        proc = specli("run", "--target", str(fixture_models.target), PROMPT, "-t", too_many, cwd=tmp_path)
+        assert_one_line_error(proc, 2, f"--threads: {too_many} threads on", "(0: one per core)")
+        config = write_config(tmp_path, f'[defaults]\nthreads = {too_many}\n')
+        proc = specli("bench", "--target", str(fixture_models.target), "--draft", "ngram", "--config",
+                      str(config), cwd=tmp_path)
+        assert_one_line_error(proc, 2, f"threads in {config}: {too_many} threads on")
+    proc = specli("run", "--target", str(fixture_models.target), PROMPT, "-t", str(thread_limit()), "-n", "2",
+                  "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr  # the limit itself is fine
+    for threads in (513, 70000):
+        with pytest.raises(specli_llama.LlamaError, match="threads: llama.cpp takes 0"):
+            load(fixture_models.target, None, n_ctx=256, n_threads=threads)
 
 
 def test_models_toml_values_get_the_same_checks(fixture_models, tmp_path) -> None:

@@ -78,7 +78,7 @@ def test_no_import_circles() -> None:
 
 CORE = ("llama", "sampling", "verify", "drafters.base", "drafters.model", "drafters.ngram", "drafters.mtp",
         "drafters.combined", "drafters.registry", "policy", "proposer", "costs", "engine", "api", "settings",
-        "runplan", "config")
+        "runplan", "config", "signals")
 
 
 @pytest.mark.parametrize("module", ["specli", "specli.api", *(f"specli.{m}" for m in CORE)])
@@ -87,6 +87,16 @@ def test_the_core_loads_no_front_end(module: str) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", f"{module} loads {proc.stdout.strip()}"
+
+
+def test_the_launcher_imports_nothing_heavy() -> None:
+    """The console script's first module installs the signal handlers before numpy, llama.cpp, typer
+    and rich are imported (a Ctrl-C during those imports must not be a traceback)."""
+    heavy = ("numpy", "llama_cpp", "typer", "rich", "click", "jinja2")
+    code = f"import sys, specli.launcher; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"specli.launcher loads {proc.stdout.strip()}"
 
 
 def test_the_synthetic_model_writer_is_not_in_the_runtime_package() -> None:

@@ -12,6 +12,7 @@ import io
 import re
 from collections import Counter
 from typing import NamedTuple
+from unittest import mock
 
 import pytest
 from rich.console import Console
@@ -246,8 +247,11 @@ def api_events(fixture_models, draft, *, ngram: bool = False, k: int = 3, n: int
 
 
 def terminal_run(*args: str):
-    result = CliRunner().invoke(app, ["run", PROMPT, "--temp", "0", "-c", "256", "-t", "1", *args],
-                                env=TERMINAL_ENV, catch_exceptions=False)
+    # The runner's stdout is no terminal; specli asks the stream itself (FORCE_COLOR no longer makes a
+    # file a terminal), so the stream's answer is what is replaced here.
+    with mock.patch("specli.ui.console.is_a_terminal", return_value=True):
+        result = CliRunner().invoke(app, ["run", PROMPT, "--temp", "0", "-c", "256", "-t", "1", *args],
+                                    env=TERMINAL_ENV, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result
 

@@ -109,11 +109,23 @@ def parse_prompts(text: str, source: str = "<prompts>") -> list[BenchPrompt]:
     return _unique_names(prompts)
 
 
+# A prompts file is prompts: more than this is a device that never ends (/dev/zero) or the wrong file.
+MAX_PROMPTS_BYTES = 64 * 2**20
+
+
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
-    """Read a --prompts file (see parse_prompts); PromptFileError with a one-line reason otherwise."""
+    """Read a --prompts file (see parse_prompts); PromptFileError with a one-line reason otherwise. A pipe
+    (/dev/stdin) is read to its end, at most MAX_PROMPTS_BYTES."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROMPTS_BYTES + 1)
+        if len(data) > MAX_PROMPTS_BYTES:
+            raise PromptFileError(f"prompts file {path} is larger than {MAX_PROMPTS_BYTES >> 20} MiB: "
+                                  "is it the right file?")
+        text = data.decode("utf-8")
+    except IsADirectoryError:
+        raise PromptFileError(f"cannot read prompts file {path}: it is a directory") from None
     except UnicodeDecodeError:
         raise PromptFileError(f"cannot read prompts file {path}: it is not UTF-8 text") from None
     except OSError as e:

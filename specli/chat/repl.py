@@ -16,12 +16,13 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.text import Text
 
+from specli import signals
 from specli.api import Speculator
 from specli.chat.session import ChatError, ChatOptions, ChatSession, ContextNotice, format_turn_line
-from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME
+from specli.errors import EXIT_RUNTIME
 from specli.events import Event, TokenEvent
 from specli.llama import LlamaError
-from specli.ui.console import make_console
+from specli.ui.console import make_console, shows_styles
 
 EXIT_OK = 0
 
@@ -136,6 +137,7 @@ class _InterruptLatch:
         self._installed = False
 
     def _handler(self, signum: int, frame: object) -> None:
+        signals.note(signum)
         if self.fired:
             raise KeyboardInterrupt
         self.fired = True
@@ -163,7 +165,7 @@ def _ansi_prompt(text: str, colour: bool) -> str:
 def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | None = None,
              console: Console | None = None, err_console: Console | None = None) -> int:
     """Chat until Ctrl-D, /exit or end of input; returns the exit code (0, 1 after a failed turn in
-    piped mode, 130 after Ctrl-C twice at the prompt)."""
+    piped mode, 130 after Ctrl-C twice at the prompt or once in piped mode, 143 after SIGTERM)."""
     from specli.ui.stream import TokenPrinter, legend
 
     input_stream = input_stream if input_stream is not None else sys.stdin
@@ -191,8 +193,9 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
         draft_name = spec.drafter.name if spec.drafter else "no draft"
         say(f"chatting with {spec.target.path.name} · {draft_name} · context {spec.target.n_ctx} · "
             "/help for commands, Ctrl-D to leave")
-        if spec.drafter is not None:
-            console.print(legend(options.show_rejected, sources))
+        if spec.drafter is not None and (shown := legend(options.show_rejected, sources,
+                                                         styled=shows_styles(console))):
+            console.print(shown)
     else:
         read_line = _stream_reader(input_stream)
     if session.template_notice:
@@ -215,10 +218,11 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
         while True:
             try:
                 message = read_message(read_line, prompt, continuation, block_left_open)
-            except KeyboardInterrupt:
-                if ctrl_c_at_prompt or not interactive:
-                    console.print()
-                    return EXIT_INTERRUPTED
+            except KeyboardInterrupt as e:
+                if ctrl_c_at_prompt or not interactive or isinstance(e, signals.Terminated):
+                    if interactive:
+                        console.print()
+                    return signals.exit_code(e)
                 ctrl_c_at_prompt = True
                 console.print()
                 say("(Ctrl-C again or Ctrl-D to leave)")
@@ -243,9 +247,13 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
                 continue
             if message.startswith("//"):
                 message = message[1:]
-            if not _reply(session, message, console=console, printer=printer, say=say, error=error):
-                if not interactive:
-                    exit_code = EXIT_RUNTIME
+            outcome = _reply(session, message, console=console, printer=printer, say=say, error=error)
+            if outcome == "failed" and not interactive:
+                exit_code = EXIT_RUNTIME
+            if outcome == "interrupted" and (not interactive or signals.terminated()):
+                # A script (or SIGTERM) means stop: the partial reply is shown, the rest is not read,
+                # and the exit code says so.
+                return signals.exit_code()
             if open_block_at_eof and not interactive:
                 exit_code = EXIT_RUNTIME  # the input was cut short
     finally:
@@ -253,17 +261,25 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
 
 
 def _reply(session: ChatSession, message: str, *, console: Console, printer: Callable[[Event], None] | None,
-           say: Callable[..., None], error: Callable[[str], None]) -> bool:
-    """Generate and show one reply; False if it failed (the error is shown, the chat goes on)."""
-    try:
-        events = session.send(message)
-    except ChatError as e:
-        error(str(e))
-        return False
+           say: Callable[..., None], error: Callable[[str], None]) -> str:
+    """Generate and show one reply: "done", "failed" (the error is shown, the chat goes on) or
+    "interrupted" (Ctrl-C or SIGTERM stopped it; the partial reply is kept)."""
     out = console.file
     latch = _InterruptLatch()
     failure: str | None = None
+    interrupted = False
+    # From the start: a Ctrl-C while the prompt is prepared or evaluated stops this reply, not the chat.
     with latch:
+        try:
+            events = session.send(message)
+        except ChatError as e:
+            error(str(e))
+            return "failed"
+        except KeyboardInterrupt:  # a second Ctrl-C, or SIGTERM, before the reply began
+            return "interrupted"
+        if latch.fired:
+            events.close()  # not started: nothing to record
+            return "interrupted"
         try:
             for event in events:
                 if isinstance(event, ContextNotice):
@@ -276,7 +292,7 @@ def _reply(session: ChatSession, message: str, *, console: Console, printer: Cal
                 if latch.fired:
                     break
         except KeyboardInterrupt:
-            pass  # a second Ctrl-C: the reply stops here all the same
+            interrupted = True  # a second Ctrl-C, or SIGTERM: the reply stops here all the same
         except (LlamaError, ValueError) as e:  # context full, NaN logits ...: one line, stay in the chat
             failure = str(e) or type(e).__name__
         finally:
@@ -288,8 +304,8 @@ def _reply(session: ChatSession, message: str, *, console: Console, printer: Cal
         out.flush()
     if failure is not None:
         error(f"error: {failure}")
-        return False
+        return "failed"
     turn = session.turns[-1] if session.turns else None
     if turn is not None:
         say(format_turn_line(turn))
-    return True
+    return "interrupted" if interrupted or latch.fired else "done"

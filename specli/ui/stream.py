@@ -27,10 +27,18 @@ ORIGIN_STYLES: dict[Origin, str] = {
 # Accepted tokens take the colour of the source that drafted them (the drafter registry's) when a
 # drafter has more than one (combined drafting: a draft model and n-gram lookup).
 REJECTED_STYLE = "red dim strike"
+# Without colours (TERM=dumb, NO_COLOR) a struck-through token would read as part of the output:
+# rejected drafts are bracketed instead, as `git diff --word-diff` marks removed words.
+REJECTED_PLAIN = ("[-", "-]")
 
 
-def legend(show_rejected: bool, sources: Sequence[Source] = ()) -> Text:
+def legend(show_rejected: bool, sources: Sequence[Source] = (), *, styled: bool = True) -> Text:
+    """What the colours mean; without colours, only how rejected drafts are marked (if shown)."""
     text = Text()
+    if not styled:
+        if show_rejected:
+            text.append("rejected drafts are shown as " + "text".join(REJECTED_PLAIN))
+        return text
     if len(sources) > 1:
         for source in sources:
             text.append("■ ", style=colour_of(source.name))
@@ -54,8 +62,11 @@ class TokenPrinter:
     def __init__(
         self, console: Console, *, show_rejected: bool = False, sources: Sequence[Source] = ()
     ) -> None:
+        from specli.ui.console import shows_styles
+
         self.console = console
         self.show_rejected = show_rejected
+        self.styled = shows_styles(console)
         self.source_styles = (
             {s.name: colour_of(s.name) for s in sources} if len(sources) > 1 else {}
         )
@@ -69,7 +80,8 @@ class TokenPrinter:
                 style = self.source_styles.get(event.drafter, style)
             self.console.print(Text(event.text, style=style), end="", soft_wrap=True)
         elif isinstance(event, RejectedEvent) and self.show_rejected and event.text:
-            self.console.print(Text(event.text, style=REJECTED_STYLE), end="", soft_wrap=True)
+            shown = event.text if self.styled else event.text.join(REJECTED_PLAIN)
+            self.console.print(Text(shown, style=REJECTED_STYLE), end="", soft_wrap=True)
 
 
 def _ms(x: float | None) -> str:
