@@ -4,11 +4,11 @@ No draft model: the proposal is deterministic (a point mass), so the engine acce
 probability p(x) and, on rejection, samples from p with x removed; greedy accepts while x is argmax.
 
 Long copies first (as llama-server's ngram-mod): when the context's last LONG_N tokens occurred before,
-the earlier occurrences whose match with the context runs longest are followed, token by token, for as
-long as they agree: a long match pinpoints which earlier passage is being copied where a short n-gram
-is ambiguous ("of the" is followed by many things). Confidence is the winning continuation's lead
-among the occurrences still followed, scaled by how long the match is; where they fork the lead
-falls, and the losers are dropped. When no occurrence is left, counts take over:
+the earlier occurrences are followed, token by token, for as long as they agree: a match of LONG_N
+tokens pinpoints which earlier passage is being copied where a short n-gram is ambiguous ("of the" is
+followed by many things). Confidence is the winning continuation's lead among the occurrences still
+followed, as for the counts below; where they fork the lead falls, and the losers are dropped. When
+no occurrence is left, counts take over:
 
 For each n (n_max down to n_min) the drafter counts which token followed every n-gram of the
 prompt and output so far (updated incrementally as the context grows: O(n_max) per token). A draft
@@ -79,39 +79,37 @@ class NGramDrafter(Drafter):
         self._indexed = len(context)
 
     def _occurrences(self, seq: list[int]) -> tuple[list[int], int]:
-        """Where the text that ends `seq` occurred before: the positions that followed its earlier
-        occurrences whose match with `seq` runs longest, and that length (0: none)."""
+        """Where the text that ends `seq` occurred before: the positions that followed the (most recent)
+        earlier occurrences of its last LONG_N tokens, and how far back the longest of them matches `seq`
+        (0: none). Every occurrence votes: where they continue differently (the turn of a repeated
+        line, a number that counts up), the lead is small, whichever matches longest."""
         if len(seq) < LONG_N:
             return [], 0
         found = self._seen_at.get(tuple(seq[-LONG_N:]))
         if not found:
             return [], 0
-        best, longest = [], 0
-        end = len(seq)
-        for pos in found[-MAX_OCCURRENCES:]:
-            if pos >= end:
-                continue
+        followers = [pos for pos in found[-MAX_OCCURRENCES:] if pos < len(seq)]
+        end, longest = len(seq), 0
+        for pos in followers:
             m = LONG_N
             while m < MAX_MATCH and pos - m - 1 >= 0 and seq[pos - m - 1] == seq[end - m - 1]:
                 m += 1
-            if m > longest:
-                best, longest = [pos], m
-            elif m == longest:
-                best.append(pos)
-        return best, longest
+            longest = max(longest, m)
+        return followers, longest
 
     @staticmethod
     def _follow_occurrences(seq: list[int], followers: list[int], match: int) -> tuple[int, float, list[int]]:
         """The next token of a long copy: what the followed occurrences continue with (the most
-        recent on a tie), its confidence (its lead among them, shrunk for shorter matches), and the
-        occurrences that agree with it."""
+        recent on a tie), its confidence (its lead among them, shrunk towards 0 for few of them), and
+        the occurrences that agree with it."""
         votes: dict[int, list[int]] = {}
         for pos in followers:
             votes.setdefault(seq[pos], []).append(pos)
         token, agree = max(votes.items(), key=lambda item: (len(item[1]), item[1][-1]))
         runner_up = max((len(v) for t, v in votes.items() if t != token), default=0)
-        lead = (len(agree) - runner_up) / len(followers)
-        return token, lead * match / (match + 1), agree
+        # As the counts' confidence: one sighting, however long its match, is not a sure thing (a line
+        # that repeats with a counter in it follows its one earlier occurrence up to the counter).
+        return token, (len(agree) - runner_up) / (len(followers) + 1), agree
 
     def _next(self, tail: list[int]) -> tuple[int, int, float] | None:
         """(token, n, confidence): the confident continuation of the longest n-gram ending `tail`,
