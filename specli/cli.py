@@ -390,6 +390,54 @@ def chat(
     raise typer.Exit(code)
 
 
+@app.command()
+def export(
+    context: typer.Context,
+    to: str = typer.Option(..., "--to", metavar="ENGINE", help="llama-server, vllm or sglang."),
+    target: str = TargetOpt,
+    draft: str | None = DraftOpt,
+    no_draft: bool = NoDraftOpt,
+    draft_max: str | None = setting_option("draft_max", "-k", "--draft-max"),
+    from_bench: Path | None = typer.Option(
+        None, "--from-bench", metavar="FILE",
+        help="A `specli bench --json` file: export the k it measured best (for -k auto).",
+    ),
+    draft_p_min: str | None = DraftPMinOpt,
+    ngram: bool = NgramOpt,
+    temp: str | None = TempOpt,
+    top_k: str | None = TopKOpt,
+    top_p: str | None = TopPOpt,
+    min_p: str | None = MinPOpt,
+    seed: str | None = SeedOpt,
+    same_as_plain: bool | None = SameAsPlainOpt,
+    ctx: str | None = setting_option("ctx", "-c", "--ctx"),
+    threads: str | None = ThreadsOpt,
+    gpu_layers: str | None = GpuLayersOpt,
+    ignore_eos: bool | None = setting_option("ignore_eos", "--ignore-eos"),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="HOST", help="The address to listen on."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535, metavar="PORT", help="Its port."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object: argv, command, notes."),
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Print the llama-server, vLLM or SGLang command that serves this pair with these settings."""
+    from specli.export import ENGINES, build_export, export_input, hf_repos
+
+    err = make_console(stderr=True)
+    with friendly_errors():
+        if to not in ENGINES:
+            raise UsageProblem(f"--to must be one of {', '.join(ENGINES)}, got {to!r}")
+        flags = given_settings(context)
+        plan = plan_run("run", target, draft, no_draft=no_draft, ngram=ngram, config=config, flags=flags)
+        result = build_export(export_input(plan, hf_repos(plan, config)), to, bench_file=from_bench,
+                              host=host, port=port)
+        if json_out:
+            print(json.dumps(result.as_dict(), ensure_ascii=False))
+            return
+        print(result.shell(), flush=True)
+        for note in plan.notes + result.notes:
+            err.print(Text.assemble(("note: ", "yellow"), note), soft_wrap=True)
+
+
 models_app = typer.Typer(help="The models.toml registry: list entries, check a target/draft pair.")
 app.add_typer(models_app, name="models")
 
