@@ -266,6 +266,15 @@ def bench(
     csv_path: Path | None = typer.Option(
         None, "--csv", metavar="FILE", help="Write one row per run to this CSV file."
     ),
+    servers: list[str] | None = typer.Option(
+        None, "--server", metavar="[NAME=]URL",
+        help="Also run every prompt on this running OpenAI-compatible server (/v1/completions: specli "
+        "serve, llama-server ...), after each local pair (repeatable).",
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", metavar="KEY", envvar="SPECLI_API_KEY", show_envvar=True,
+        help="API key for the --server URLs (sent as a Bearer token).",
+    ),
     verbose: bool = VerboseOpt,
     config: Path | None = ConfigOpt,
 ) -> None:
@@ -273,6 +282,7 @@ def bench(
     from specli import llama
     from specli.bench.files import write_csv, write_json
     from specli.bench.measure import run_bench
+    from specli.bench.server import parse_server, unique_names
     from specli.bench.suite import BenchConfig, load_prompts, parse_k_list, parse_temp_list
     from specli.ui.bench_view import bench_progress, render_bench
 
@@ -299,6 +309,7 @@ def bench(
             repeat=repeat,
             settings=plan.settings.seeded(),
             ngram=ngram,
+            servers=unique_names([parse_server(s, api_key, i) for i, s in enumerate(servers or [], 1)]),
         )
         with bench_progress(err) as progress:
             result = run_bench(cfg, progress=progress)
