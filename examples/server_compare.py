@@ -132,7 +132,8 @@ def main() -> None:
                 pair = ["-m", str(gemma), "--draft", "ngram"]
                 label = "Gemma 3 270M, n-gram"
             elif setup == "draft":
-                target, draft = args.demo_dir / "demo-target.gguf", args.demo_dir / "demo-draft.gguf"
+                target = args.demo_dir / "specli-demo-target.gguf"
+                draft = args.demo_dir / "specli-demo-draft.gguf"
                 if not (target.is_file() and draft.is_file()):
                     print(f"# skipping draft: no demo pair in {args.demo_dir}", file=sys.stderr)
                     continue

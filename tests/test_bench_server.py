@@ -62,7 +62,7 @@ def test_request_uses_the_settings_request_names() -> None:
     body = request_body("hi", settings, 4)
     assert body == {"prompt": "hi", "stream": True, "temperature": 0.5, "top_k": 7, "top_p": 0.9,
                     "min_p": 0.0, "max_tokens": 12, "seed": 3, "ignore_eos": True, "speculative.p_min": 0.0,
-                    "speculative.n_max": 4}
+                    "same_as_plain": True, "speculative.n_max": 4}
     assert "speculative.n_max" not in request_body("hi", settings, "auto")
 
 
@@ -162,7 +162,7 @@ def test_llama_server_from_export_speculates_and_bench_reads_it(fixture_models, 
         local_seqs = sorted(r["seq"] for r in doc["runs"])
         assert [r["seq"] for r in runs] == [local_seqs[i] + 1 for i in (1, 3, 5, 7)]
         rows = out_csv.read_text().splitlines()
-        assert len(rows) == 1 + 8 + 4 and sum(",server," in row for row in rows) == 4
+        assert len(rows) == 1 + 8 + 4 and sum(",server," in row for row in rows[1:]) == 4
     finally:
         proc.terminate()
         try:

@@ -80,7 +80,7 @@ def request_body(prompt: str, settings: RunSettings, k: K) -> dict[str, Any]:
     values: dict[str, Any] = {
         "temp": settings.temp, "top_k": settings.top_k, "top_p": settings.top_p, "min_p": settings.min_p,
         "max_tokens": settings.max_tokens, "seed": settings.seed, "ignore_eos": settings.ignore_eos,
-        "draft_p_min": settings.draft_p_min,
+        "draft_p_min": settings.draft_p_min, "same_as_plain": settings.same_as_plain,
     }
     if k != AUTO:
         values["draft_max"] = k
