@@ -201,3 +201,17 @@ def test_plain_output_is_the_command_and_notes_go_to_stderr(fixture_models) -> N
     argv = shlex.split(result.stdout.replace("\\\n", " "))
     assert argv[0] == "llama-server" and "--spec-type" in argv
     assert "note:" in result.stderr and "note:" not in result.stdout
+
+
+def test_from_bench_reads_what_specli_bench_writes(fixture_models, tmp_path) -> None:
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Once upon a time\n")
+    bench_json = tmp_path / "bench.json"
+    bench = runner.invoke(app, ["bench", "-m", str(fixture_models.target), "--draft", "ngram", "-k", "1,2",
+                                "--temp", "0", "-n", "8", "--repeat", "1", "-t", "1",
+                                "--prompts", str(prompts), "--json", str(bench_json)], catch_exceptions=False)
+    assert bench.exit_code == 0, bench.output
+    best = json.loads(bench_json.read_text())["best"]["k"]
+    out = export("--to", "llama-server", "-m", str(fixture_models.target), "--draft", "ngram",
+                 "--from-bench", str(bench_json))
+    assert out["k"] == best and out["k_source"] == f"--from-bench {bench_json}"

@@ -174,6 +174,9 @@ def bench_notes(result: BenchResult) -> list[tuple[str, str]]:
     if short:
         notes.append(("info", f"{short} of {total} runs stopped at end-of-text before -n "
                               f"{result.config.max_tokens} tokens; their rates come from fewer tokens"))
+    if result.server_runs and len(result.config.ks) > 1:
+        notes.append(("info", "each server request asks for its k (speculative.n_max), but a server may keep "
+                              "the k it was started with: llama-server does (compare drafted counts)"))
     few = [c for c in result.configs if 0 < c.pairs < 5]
     if few:
         notes.append(("info", f"{few[0].pairs} pairs per configuration: medians and spreads are rough "
