@@ -2,12 +2,14 @@
 # Build llama.cpp's own measuring tools from the llama.cpp that llama-cpp-python vendors, so that
 # examples/compare_llamacpp.py compares specli with exactly the llama.cpp it runs on.
 #
-#   examples/build_llama_tools.sh [--with-cli]
+#   examples/build_llama_tools.sh [--with-cli] [--with-server]
 #
 # Builds llama-bench, llama-lookup and llama-speculative-simple (CPU only, Release, the same ggml
 # options llama-cpp-python's Linux build uses: GGML_NATIVE and OpenMP at their defaults) into
 #   ${SPECLI_LLAMA_TOOLS:-$HOME/.cache/specli/llama-tools}/bin
 # --with-cli also builds llama-cli (it links llama.cpp's server code: several more minutes).
+# --with-server also builds llama-server (for `specli export --to llama-server` and
+# `specli bench --server`; several more minutes on 2 cores).
 #
 # Environment:
 #   SPECLI_LLAMA_TOOLS   cache directory (source, build tree, bin/)
@@ -21,10 +23,12 @@
 set -euo pipefail
 
 with_cli=0
+with_server=0
 for arg in "$@"; do
     case "$arg" in
         --with-cli) with_cli=1 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        --with-server) with_server=1 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "build_llama_tools.sh: error: unknown argument: $arg" >&2; exit 2 ;;
     esac
 done
@@ -34,6 +38,7 @@ cache="${SPECLI_LLAMA_TOOLS:-$HOME/.cache/specli/llama-tools}"
 jobs="${JOBS:-2}"
 targets=(llama-bench llama-lookup llama-speculative-simple)
 [ "$with_cli" = 1 ] && targets+=(llama-cli)
+[ "$with_server" = 1 ] && targets+=(llama-server)
 
 for tool in cmake c++; do
     command -v "$tool" >/dev/null || { echo "build_llama_tools.sh: error: $tool not found (apt-get install build-essential cmake)" >&2; exit 1; }
@@ -67,6 +72,7 @@ fi
 build="$cache/build-$(echo "$version" | tr '/:' '__')"
 server=OFF
 [ "$with_cli" = 1 ] && server=ON
+[ "$with_server" = 1 ] && server=ON
 # Static libraries: the binaries in bin/ then run from anywhere without an rpath into the build tree.
 cmake -S "$src" -B "$build" \
     -DCMAKE_BUILD_TYPE=Release \

@@ -268,6 +268,15 @@ def bench(
     csv_path: str | None = typer.Option(
         None, "--csv", metavar="FILE", help="Write one row per run to this CSV file."
     ),
+    servers: list[str] | None = typer.Option(
+        None, "--server", metavar="[NAME=]URL",
+        help="Also run every prompt on this running OpenAI-compatible server (/v1/completions: specli "
+        "serve, llama-server ...), after each local pair (repeatable).",
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", metavar="KEY", envvar="SPECLI_API_KEY", show_envvar=True,
+        help="API key for the --server URLs (sent as a Bearer token).",
+    ),
     verbose: bool = VerboseOpt,
     config: str | None = ConfigOpt,
 ) -> None:
@@ -275,6 +284,7 @@ def bench(
     from specli import llama
     from specli.bench.files import write_csv, write_json
     from specli.bench.measure import run_bench
+    from specli.bench.server import parse_server, unique_names
     from specli.bench.suite import BenchConfig, load_prompts, parse_k_list, parse_temp_list
     from specli.ui.bench_view import bench_progress, render_bench
 
@@ -307,6 +317,7 @@ def bench(
             repeat=repeat,
             settings=plan.settings.seeded(),
             ngram=ngram,
+            servers=unique_names([parse_server(s, api_key, i) for i, s in enumerate(servers or [], 1)]),
         )
         with bench_progress(err) as progress:
             result = run_bench(cfg, progress=progress)
@@ -503,6 +514,54 @@ def serve(
         options = ServeOptions(alias=alias or plan.target_name or plan.target.name.removesuffix(".gguf"),
                                api_key=api_key or None, max_waiting=queue)
         run_server(plan, plan.settings, options, host=host, port=port, load=load, notes=lambda: load_notes)
+
+
+@app.command()
+def export(
+    context: typer.Context,
+    to: str = typer.Option(..., "--to", metavar="ENGINE", help="llama-server, vllm or sglang."),
+    target: str = TargetOpt,
+    draft: str | None = DraftOpt,
+    no_draft: bool = NoDraftOpt,
+    draft_max: str | None = setting_option("draft_max", "-k", "--draft-max"),
+    from_bench: Path | None = typer.Option(
+        None, "--from-bench", metavar="FILE",
+        help="A `specli bench --json` file: export the k it measured best (for -k auto).",
+    ),
+    draft_p_min: str | None = DraftPMinOpt,
+    ngram: bool = NgramOpt,
+    temp: str | None = TempOpt,
+    top_k: str | None = TopKOpt,
+    top_p: str | None = TopPOpt,
+    min_p: str | None = MinPOpt,
+    seed: str | None = SeedOpt,
+    same_as_plain: bool | None = SameAsPlainOpt,
+    ctx: str | None = setting_option("ctx", "-c", "--ctx"),
+    threads: str | None = ThreadsOpt,
+    gpu_layers: str | None = GpuLayersOpt,
+    ignore_eos: bool | None = setting_option("ignore_eos", "--ignore-eos"),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="HOST", help="The address to listen on."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535, metavar="PORT", help="Its port."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object: argv, command, notes."),
+    config: Path | None = ConfigOpt,
+) -> None:
+    """Print the llama-server, vLLM or SGLang command that serves this pair with these settings."""
+    from specli.export import ENGINES, build_export, export_input, hf_repos
+
+    err = make_console(stderr=True)
+    with friendly_errors():
+        if to not in ENGINES:
+            raise UsageProblem(f"--to must be one of {', '.join(ENGINES)}, got {to!r}")
+        flags = given_settings(context)
+        plan = plan_run("run", target, draft, no_draft=no_draft, ngram=ngram, config=config, flags=flags)
+        result = build_export(export_input(plan, hf_repos(plan, config)), to, bench_file=from_bench,
+                              host=host, port=port)
+        if json_out:
+            print(json.dumps(result.as_dict(), ensure_ascii=False))
+            return
+        print(result.shell(), flush=True)
+        for note in plan.notes + result.notes:
+            err.print(Text.assemble(("note: ", "yellow"), note), soft_wrap=True)
 
 
 models_app = typer.Typer(help="The models.toml registry: list entries, check a target/draft pair.")

@@ -12,6 +12,7 @@ directory (``$XDG_CONFIG_HOME/specli/models.toml`` or ``~/.config/specli/models.
     draft = "qwen2-0.5b"                               # default draft: another model's name
     description = "..."
     url = "https://..."                                # where to download the file
+    hf = "Qwen/Qwen2-7B-Instruct"                      # the Hugging Face checkpoint (vLLM, SGLang)
     ctx = 8192                                         # settings overriding [defaults]
 
 Effective settings: CLI built-in defaults < [defaults] < the model's settings < flags given explicitly.
@@ -77,7 +78,7 @@ def _short(path: Path) -> str:
         return str(path)
 
 
-_MODEL_KEYS = frozenset({"path", "draft", "description", "url"}) | set(SETTING_NAMES)
+_MODEL_KEYS = frozenset({"path", "draft", "description", "url", "hf"}) | set(SETTING_NAMES)
 
 # A layer of settings: setting name -> checked value (specli.settings), only the ones a table sets.
 Layer = dict[str, Any]
@@ -96,6 +97,9 @@ class ModelEntry:
     draft: str | None = None
     description: str | None = None
     url: str | None = None
+    # The Hugging Face repository of the same model's checkpoint (not the GGUF): engines that load
+    # checkpoints, not GGUF (vLLM, SGLang), are pointed at it by `specli export`.
+    hf: str | None = None
     settings: Layer = field(default_factory=dict)
     line: int | None = None  # of the [models.NAME] header
     key_lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
@@ -338,7 +342,7 @@ class _Loader:
             raise self.error(where, f"the name {name.strip().lower()!r} is reserved for a drafter "
                                     f"(--draft {name.strip().lower()}); rename this model")
         self.unknown_keys(table, _MODEL_KEYS, where)
-        for key in ("path", "draft", "description", "url"):
+        for key in ("path", "draft", "description", "url", "hf"):
             if key in table and not isinstance(table[key], str):
                 raise self.error(where + (key,), f"must be a string, got {table[key]!r}")
         if "path" not in table:
@@ -357,10 +361,21 @@ class _Loader:
             draft=table.get("draft"),
             description=table.get("description"),
             url=table.get("url"),
+            hf=self._hf_repo(table.get("hf"), where),
             settings=self.settings(table, where),
             line=self.lines.get(where),
             key_lines=key_lines,
         )
+
+
+    def _hf_repo(self, value: str | None, where: tuple[str, ...]) -> str | None:
+        """A Hugging Face repository id, OWNER/NAME (the form vLLM and SGLang take)."""
+        if value is None:
+            return None
+        if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value.strip()):
+            raise self.error(where + ("hf",), f"must be a Hugging Face repository as OWNER/NAME "
+                                              f"(e.g. Qwen/Qwen2-7B-Instruct), got {value!r}")
+        return value.strip()
 
 
 def _suggest(word: str, choices: Any) -> str | None:

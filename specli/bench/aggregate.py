@@ -9,7 +9,15 @@ from collections.abc import Iterator
 import numpy as np
 
 from specli.bench.prediction import VerifyCurve, predicted_speedup
-from specli.bench.results import BenchResult, ConfigResult, PromptResult, RunRecord, Spread
+from specli.bench.results import (
+    BenchResult,
+    ConfigResult,
+    PromptResult,
+    RunRecord,
+    ServerConfigResult,
+    ServerRunRecord,
+    Spread,
+)
 from specli.bench.suite import BenchConfig, K
 
 
@@ -21,6 +29,30 @@ def aggregate(runs: list[RunRecord], config: BenchConfig, curve: VerifyCurve | N
             rs = [r for r in runs if r.temperature == temp and r.k == k]
             if rs:
                 out.append(_aggregate_one(temp, k, rs, config, curve))
+    return out
+
+
+def aggregate_servers(runs: list[ServerRunRecord], config: BenchConfig) -> list[ServerConfigResult]:
+    """Per server and (temperature, k): rates, time to first token, pooled drafting figures."""
+    out = []
+    for server in config.servers:
+        for temp in config.temps:
+            for k in config.ks:
+                rs = [r for r in runs if r.server == server.name and r.temperature == temp and r.k == k]
+                if not rs:
+                    continue
+                reported = [r for r in rs if r.drafted is not None]
+                drafted = sum(r.drafted or 0 for r in reported) if reported else None
+                accepted = sum(r.accepted or 0 for r in reported) if reported else None
+                out.append(ServerConfigResult(
+                    server=server.name, url=server.url, temperature=temp, k=k, runs=len(rs),
+                    tokens_per_second=Spread.of([r.tokens_per_second for r in rs]),
+                    server_tokens_per_second=Spread.of([r.server_tokens_per_second for r in rs]),
+                    ttft_seconds=Spread.of([r.ttft_seconds for r in rs]),
+                    vs_plain=Spread.of([r.vs_plain for r in rs]),
+                    drafted=drafted, accepted=accepted,
+                    acceptance_rate=accepted / drafted if drafted else None,
+                ))
     return out
 
 
@@ -142,6 +174,9 @@ def bench_notes(result: BenchResult) -> list[tuple[str, str]]:
     if short:
         notes.append(("info", f"{short} of {total} runs stopped at end-of-text before -n "
                               f"{result.config.max_tokens} tokens; their rates come from fewer tokens"))
+    if result.server_runs and len(result.config.ks) > 1:
+        notes.append(("info", "each server request asks for its k (speculative.n_max), but a server may keep "
+                              "the k it was started with: llama-server does (compare drafted counts)"))
     few = [c for c in result.configs if 0 < c.pairs < 5]
     if few:
         notes.append(("info", f"{few[0].pairs} pairs per configuration: medians and spreads are rough "

@@ -54,6 +54,10 @@ def json_document(result: BenchResult) -> dict:
                                            "speedup": _r(best.speedup.median)},
         "configs": [_rounded(asdict(c)) for c in result.configs],
         "runs": [_rounded(asdict(r)) for r in result.runs],
+        # `--server`: the servers, their figures per configuration, and each request (empty without)
+        "servers": [{"name": s.name, "url": s.url} for s in cfg.servers],
+        "server_configs": [_rounded(asdict(c)) for c in result.server_configs],
+        "server_runs": [_rounded(asdict(r)) for r in result.server_runs],
     }
 
 
@@ -70,6 +74,8 @@ CSV_FIELDS = [
     "rounds", "drafted", "accepted", "rejections", "acceptance_rate", "alpha", "tokens_per_round",
     "mean_accepted", "mean_k", "draft_seconds", "verify_seconds", "other_seconds", "decode_seconds",
     "stop_reason", "output_crc", "first_fork",
+    # `--server` rows (mode "server"): which server, its time to first token and its own rate
+    "server", "ttft_seconds", "server_tokens_per_second",
 ]
 _CSV_META = ["target", "draft", "drafter", "max_tokens", "n_threads", "started_at"]
 
@@ -88,9 +94,12 @@ def write_csv(result: BenchResult, path: str | Path) -> None:
     f = io.StringIO(newline="")
     writer = csv.DictWriter(f, fieldnames=CSV_FIELDS + _CSV_META, extrasaction="ignore")
     writer.writeheader()
-    for run in result.runs:
-        row = _rounded(asdict(run))
-        writer.writerow({**{k: ("" if row[k] is None else row[k]) for k in CSV_FIELDS}, **meta})
+    rows = [_rounded(asdict(run)) for run in result.runs]
+    rows += [{**_rounded(asdict(run)), "mode": "server", "stop_reason": run.finish_reason}
+             for run in result.server_runs]
+    rows.sort(key=lambda r: r["seq"])
+    for row in rows:
+        writer.writerow({**{k: ("" if row.get(k) is None else row[k]) for k in CSV_FIELDS}, **meta})
     atomic_write_text(path, f.getvalue())
 
 

@@ -18,9 +18,10 @@ from typing import Protocol
 import numpy as np
 
 from specli.api import load
-from specli.bench.aggregate import aggregate, first_difference
+from specli.bench.aggregate import aggregate, aggregate_servers, first_difference
 from specli.bench.prediction import VerifyCurve, VerifyPoint, predicted_speedup
-from specli.bench.results import BenchResult, ModelInfo, RunRecord
+from specli.bench.results import BenchResult, ModelInfo, RunRecord, ServerRunRecord
+from specli.bench.server import complete, request_body
 from specli.bench.suite import AUTO, BenchConfig, BenchError, BenchPrompt, K
 from specli.drafters.base import Drafter
 from specli.engine import GenerationParams, SpeculativeEngine
@@ -87,6 +88,9 @@ def run_bench(config: BenchConfig, *, progress: BenchProgress | None = None) -> 
     config.validate()
     prompts = config.prompt_list()
     result = BenchResult(config=config, started_at=_now(), machine=machine_info())
+    if config.servers:
+        # Before anything is loaded: a wrong URL or key fails in a second, not after the local warm-up.
+        _warm_up_servers(config, prompts[0], progress)
     _phase(progress, "load", 1)
     loaded = _LoadedPair(config)
     try:
@@ -131,6 +135,7 @@ def run_bench(config: BenchConfig, *, progress: BenchProgress | None = None) -> 
     finally:
         loaded.close()
     result.configs = aggregate(result.runs, config, result.curve)
+    result.server_configs = aggregate_servers(result.server_runs, config)
     result.machine["load_average_end"] = load_average()
     result.finished_at = _now()
     return result
@@ -146,6 +151,16 @@ def _warm_up(loaded: _LoadedPair, config: BenchConfig, prompt: list[int],
         loaded.reset()
         engine.generate(prompt, settings.generation_params()).complete()
         _step(progress, "speculative" if engine is loaded.spec else "plain")
+
+
+def _warm_up_servers(config: BenchConfig, prompt: BenchPrompt, progress: BenchProgress | None) -> None:
+    """One short request to each server: it must answer (ServerError otherwise), and its first request's
+    allocations do not land in a timed run."""
+    _phase(progress, "servers", len(config.servers))
+    settings = replace(config.run_settings(config.temps[-1], config.ks[0]), max_tokens=8)
+    for server in config.servers:
+        complete(server, request_body(prompt.text, settings, config.ks[0]))
+        _step(progress, server.name)
 
 
 def curve_prefix(tokenized: list[list[int]], max_tokens: int, limit: int) -> list[int]:
@@ -228,7 +243,7 @@ def _pair_order(config: BenchConfig, pair: int) -> tuple[str, str]:
 
 def _run_pairs(loaded: _LoadedPair, config: BenchConfig, prompts: list[BenchPrompt],
                tokenized: list[list[int]], result: BenchResult, progress: BenchProgress | None) -> None:
-    total = len(config.temps) * len(config.ks) * len(prompts) * config.repeat * 2
+    total = len(config.temps) * len(config.ks) * len(prompts) * config.repeat * (2 + len(config.servers))
     _phase(progress, "runs", total)
     seq = 0
     for temp in config.temps:
@@ -254,8 +269,32 @@ def _run_pairs(loaded: _LoadedPair, config: BenchConfig, prompts: list[BenchProm
                     # Only whole pairs are kept, so an interrupted bench never holds half a pair; the
                     # pair is kept before its last step is reported, so a Ctrl-C there keeps it.
                     _keep_pair(done, outputs, result)
-                    pair += 1
                     _step(progress, f"T={temp:g} k={k} {prompt.name} #{rep + 1} {done[-1].mode}")
+                    plain = next(r for r in done if r.mode == "plain")
+                    for server in config.servers:
+                        # Right after the local pair, same prompt, seed and settings: drift hits all alike.
+                        body = request_body(prompt.text, replace(settings, seed=seed), k)
+                        response = complete(server, body)
+                        result.server_runs.append(_server_record(seq, server.name, temp, k, prompt.name, rep,
+                                                                 pair, seed, response, plain))
+                        seq += 1
+                        _step(progress, f"T={temp:g} k={k} {prompt.name} #{rep + 1} {server.name}")
+                    pair += 1
+
+
+def _server_record(seq: int, server: str, temp: float, k: K, prompt: str, rep: int, pair: int, seed: int,
+                   response, plain: RunRecord) -> ServerRunRecord:
+    drafted, accepted = response.drafted, response.accepted
+    tps = response.tokens_per_second
+    return ServerRunRecord(
+        seq=seq, server=server, temperature=temp, k=k, prompt=prompt, repeat=rep, pair=pair, seed=seed,
+        n_generated=response.n_generated, ttft_seconds=response.ttft_seconds,
+        total_seconds=response.total_seconds, tokens_per_second=tps,
+        server_tokens_per_second=response.server_tokens_per_second, drafted=drafted, accepted=accepted,
+        acceptance_rate=accepted / drafted if drafted and accepted is not None else None,
+        finish_reason=response.finish_reason, count_source=response.count_source,
+        vs_plain=tps / plain.tokens_per_second if tps and plain.tokens_per_second else None,
+    )
 
 
 def _keep_pair(done: list[RunRecord], outputs: dict[str, list[int]], result: BenchResult) -> None:

@@ -78,6 +78,54 @@ class RunRecord:
 
 
 @dataclass
+class ServerRunRecord:
+    """One run on a running server (`bench --server`), made right after the local pair with the same
+    prompt, seed and settings."""
+
+    seq: int
+    server: str
+    temperature: float
+    k: K  # requested (`speculative.n_max`); a server may keep the k it was started with
+    prompt: str
+    repeat: int
+    pair: int  # the local pair it ran beside
+    seed: int
+    n_generated: int
+    ttft_seconds: float | None
+    total_seconds: float
+    tokens_per_second: float | None  # client side: tokens after the first / time after the first chunk
+    server_tokens_per_second: float | None  # the server's timings.predicted_per_second
+    drafted: int | None  # timings.draft_n; None: not reported
+    accepted: int | None
+    acceptance_rate: float | None
+    finish_reason: str | None
+    count_source: str  # "timings" | "usage" | "chunks"
+    vs_plain: float | None = None  # tokens_per_second over the pair's local plain run's
+
+
+@dataclass
+class ServerConfigResult:
+    """One server's figures for one (temperature, k)."""
+
+    server: str
+    url: str
+    temperature: float
+    k: K
+    runs: int
+    tokens_per_second: Spread
+    server_tokens_per_second: Spread
+    ttft_seconds: Spread
+    vs_plain: Spread  # paired: each run over the local plain run beside it
+    drafted: int | None  # summed over the runs (None: the server reports no drafting figures)
+    accepted: int | None
+    acceptance_rate: float | None
+
+    @property
+    def label(self) -> str:
+        return f"T={self.temperature:g} k={self.k}"
+
+
+@dataclass
 class PromptResult:
     prompt: str
     plain_tps: Spread
@@ -152,6 +200,8 @@ class BenchResult:
     configs: list[ConfigResult] = field(default_factory=list)
     runs: list[RunRecord] = field(default_factory=list)
     interrupted: bool = False
+    server_runs: list[ServerRunRecord] = field(default_factory=list)
+    server_configs: list[ServerConfigResult] = field(default_factory=list)
 
     @property
     def best(self) -> ConfigResult | None:

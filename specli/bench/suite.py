@@ -208,6 +208,8 @@ class BenchConfig:
     # Alternate which half of a pair runs first (plain-spec, spec-plain, ...), so that whatever the
     # first run of a pair does to the second (cache, clocks) does not favour one side.
     alternate_order: bool = True
+    # Running OpenAI-compatible servers (bench.server.ServerTarget) to run beside the local pairs.
+    servers: list = field(default_factory=list)
 
     @property
     def max_tokens(self) -> int:

@@ -323,6 +323,35 @@ def per_prompt_table(configs: list[ConfigResult]) -> Table:
     return table
 
 
+def servers_table(result: BenchResult) -> Table:
+    """`bench --server`: each server beside the local runs of the same configuration."""
+    table = Table(title="servers (same prompts, seeds and settings, run after each local pair)",
+                  title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    for name in ("config", "run on", "tok/s", "server tok/s", "first token", "× local plain", "drafted",
+                 "accepted", "acceptance"):
+        table.add_column(name, justify="left" if name in ("config", "run on") else "right", no_wrap=True)
+    local = {(c.temperature, c.k): c for c in result.configs}
+    for key in dict.fromkeys((s.temperature, s.k) for s in result.server_configs):
+        c = local.get(key)
+        if c is not None:
+            table.add_row(Text(c.label), Text("specli (plain)"), _rate(c.plain_tps), "", "", "1.00×",
+                          "", "", "")
+            table.add_row("", Text("specli (speculative)"), _rate(c.spec_tps), "", "",
+                          _num(c.speedup.median, ".2f", "×"), "", "", _pct(c.acceptance_rate))
+        for s in (s for s in result.server_configs if (s.temperature, s.k) == key):
+            ttft = s.ttft_seconds.median
+            table.add_row("" if c is not None else Text(s.label), Text(s.server), _rate(s.tokens_per_second),
+                          _rate(s.server_tokens_per_second), _num(None if ttft is None else 1000 * ttft,
+                                                                  ".0f", " ms"),
+                          _num(s.vs_plain.median, ".2f", "×"), _whole(s.drafted), _whole(s.accepted),
+                          _pct(s.acceptance_rate))
+    return table
+
+
+def _whole(n: int | None) -> str:
+    return "n/a" if n is None else str(n)
+
+
 def verdict(result: BenchResult) -> Text:
     best = result.best
     if best is None:
@@ -380,6 +409,13 @@ def render_bench(result: BenchResult, console: Console) -> None:
                 if not _fits(console, table):
                     table = per_prompt_table([best])
             console.print(table)
+    if result.server_configs:
+        console.print()
+        console.print(servers_table(result))
+        console.print(Text("tok/s: medians; a server's is timed here, from its first streamed token to its "
+                           "last (server tok/s: its own timings, where it reports them) · first token: from "
+                           "sending the request · × local plain: paired with the local plain run beside it",
+                           style="dim"))
     console.print()
     for level, message in bench_notes(result):
         style = "yellow" if level == "warn" else "dim"

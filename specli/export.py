@@ -1,0 +1,346 @@
+"""`specli export`: the same target, drafter and settings as a serving engine's command line.
+
+A run's plan (runplan.plan_run: models.toml and flags merged, as `specli run` would use them) becomes
+the command that starts llama-server, vLLM or SGLang with the equivalent speculative decoding, and the
+list of what does not carry over. No typer, no rich: the CLI prints an `Export`.
+
+Flag names are those of the llama.cpp that llama-cpp-python vendors (common/arg.cpp): since 2026
+llama-server speculates only when `--spec-type` says how (`-md` alone loads a draft and drafts nothing),
+so the command always names `--spec-type` and `--spec-draft-n-max`. vLLM takes one JSON object,
+`--speculative-config`; SGLang `--speculative-algorithm` and its step/token counts. vLLM and SGLang load
+Hugging Face checkpoints, not GGUF files: the command names the repository a models.toml entry gives
+(`hf = "OWNER/NAME"`) or a placeholder to replace.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specli.drafters.registry import drafter_kind
+from specli.settings import AUTO, RunSettings, UsageProblem
+
+ENGINES = ("llama-server", "vllm", "sglang")
+
+# -k auto has no equivalent anywhere: without a bench to say better, this k (the middle of bench's
+# default list 1,2,4,8, and close to what bench measures best for small pairs on a CPU).
+DEFAULT_EXPORT_K = 4
+# specli's n-gram lookup tries the longest match of 4 down to 1 tokens (drafters/ngram.py). vLLM's
+# prompt lookup does the same (prompt_lookup_max/min); llama-server's ngram-simple matches one length.
+NGRAM_LOOKUP_MAX, NGRAM_LOOKUP_MIN = 4, 1
+LLAMA_SERVER_NGRAM_LOOKUP = 3
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
+
+TARGET_PLACEHOLDER = "HF_TARGET_REPO"
+DRAFT_PLACEHOLDER = "HF_DRAFT_REPO"
+
+
+class ExportError(UsageProblem):
+    """An export that cannot be made (an unreadable --from-bench file, a drafter the engine lacks)."""
+
+
+@dataclass(frozen=True)
+class Export:
+    """A serving engine's command line and what did not carry over."""
+
+    engine: str
+    argv: list[str]
+    notes: list[str] = field(default_factory=list)
+    k: int = DEFAULT_EXPORT_K
+    k_source: str = ""  # where k came from: "-k", "--from-bench FILE", "default"
+    head: int = 1  # argv words of the program itself ("vllm serve MODEL"), kept on the first line
+
+    def shell(self) -> str:
+        """The command, quoted for a POSIX shell, one option (and its value) per line."""
+        lines: list[list[str]] = [self.argv[:self.head]]
+        for arg in self.argv[self.head:]:
+            if arg.startswith("-") and not _is_number(arg):
+                lines.append([arg])
+            else:
+                lines[-1].append(arg)
+        return " \\\n    ".join(" ".join(shlex.quote(a) for a in line) for line in lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "argv": self.argv, "command": self.shell(), "notes": self.notes,
+                "k": self.k, "k_source": self.k_source}
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ExportInput:
+    """What an export needs from a plan: the files, the drafter, the merged settings, and the Hugging
+    Face repositories models.toml names for the target and the draft (None: not given)."""
+
+    target: Path
+    draft: str | Path | None  # a draft model's path, "ngram", "mtp", or None (no drafting)
+    ngram: bool  # n-gram lookup in front of the draft model
+    settings: RunSettings
+    target_hf: str | None = None
+    draft_hf: str | None = None
+
+
+# -- k -----------------------------------------------------------------------------------------------------
+
+
+def read_bench_k(path: Path) -> tuple[int, str]:
+    """The k a `specli bench --json` file measured best (its "best" configuration when that is a fixed k,
+    else the fixed-k configuration with the highest median speedup), and a note saying so."""
+    not_bench = f"--from-bench: {path} is not a JSON file written by `specli bench --json`"
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ExportError(f"--from-bench: cannot read {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ExportError(not_bench) from None
+    if not isinstance(document, dict) or document.get("tool") != "specli bench":
+        raise ExportError(not_bench)
+    best = document.get("best") or {}
+    if isinstance(best.get("k"), int) and best["k"] > 0:
+        return best["k"], (f"k = {best['k']}: the best of `specli bench` in {path.name} "
+                           f"(median speedup {best.get('speedup')}× at T={best.get('temperature')})")
+    fixed = [c for c in document.get("configs") or []
+             if isinstance(c, dict) and isinstance(c.get("k"), int) and c["k"] > 0
+             and isinstance((c.get("speedup") or {}).get("median"), (int, float))]
+    if not fixed:
+        raise ExportError(f"--from-bench: {path} measured no fixed k (only -k auto, or no complete pairs): "
+                          "run `specli bench -k 1,2,4,8 --json FILE`")
+    top = max(fixed, key=lambda c: c["speedup"]["median"])
+    return top["k"], (f"k = {top['k']}: the best fixed k of `specli bench` in {path.name} "
+                      f"(median speedup {top['speedup']['median']:.2f}× at T={top.get('temperature')}; "
+                      "its overall best was -k auto, which has no equivalent)")
+
+
+def choose_k(settings: RunSettings, bench_file: Path | None) -> tuple[int, str, list[str]]:
+    """The k to export, where it came from, and notes. A fixed -k carries over as it is; -k auto takes
+    the bench file's best k, or DEFAULT_EXPORT_K."""
+    if bench_file is not None:
+        k, why = read_bench_k(bench_file)
+        notes = [why]
+        if settings.draft_max != AUTO and settings.draft_max != k:
+            notes.append(f"-k {settings.draft_max} was given too: --from-bench's k = {k} is used")
+        return k, f"--from-bench {bench_file}", notes
+    if settings.draft_max != AUTO:
+        return int(settings.draft_max), "-k", []
+    return DEFAULT_EXPORT_K, "default", [
+        f"-k auto (specli picks k each round from measured costs and draft confidence) has no equivalent: "
+        f"k = {DEFAULT_EXPORT_K} is used; measure the best k here with `specli bench -k 1,2,4,8 --json "
+        "results.json` and export with --from-bench results.json"]
+
+
+# -- the engines -------------------------------------------------------------------------------------------
+
+
+def build_export(spec: ExportInput, engine: str, *, bench_file: Path | None = None,
+                 host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Export:
+    """The `engine` command equivalent to running `spec` with specli, and what does not carry over."""
+    if engine not in ENGINES:
+        raise ExportError(f"--to must be one of {', '.join(ENGINES)}, got {engine!r}")
+    k, k_source, notes = choose_k(spec.settings, bench_file)
+    if spec.draft is not None and k == 0:
+        notes.append("-k 0 drafts nothing: the command speculates with no drafter")
+    drafter = _drafter(spec) if k > 0 else None
+    build = {"llama-server": _llama_server, "vllm": _vllm, "sglang": _sglang}[engine]
+    argv, engine_notes = build(spec, drafter, k, host, port)
+    notes += engine_notes
+    head = {"llama-server": 1, "vllm": 3, "sglang": 3}[engine]
+    if spec.settings.same_as_plain and drafter is not None:
+        notes.append("--same-as-plain (a seeded speculative run prints exactly the plain run's tokens) "
+                     "exists nowhere else: the engine keeps the target's distribution at best, not its "
+                     "seeded sequence")
+    notes.append("per request, not on the command line: max_tokens (specli's -n "
+                 f"{spec.settings.max_tokens}), stop texts, and any sampling a client sets itself")
+    return Export(engine, argv, notes, k, k_source, head)
+
+
+def _drafter(spec: ExportInput) -> str | None:
+    """"model", "ngram", "mtp", "model+ngram", or None (no drafting)."""
+    kind = drafter_kind(spec.draft)
+    if kind is None:
+        return None
+    if kind.reserved:
+        return kind.name
+    return "model+ngram" if spec.ngram else "model"
+
+
+def _gpu_layers(n: int) -> str:
+    return "all" if n < 0 else str(n)
+
+
+def _llama_server(spec: ExportInput, drafter: str | None, k: int, host: str,
+                  port: int) -> tuple[list[str], list[str]]:
+    s = spec.settings
+    argv = ["llama-server", "-m", str(spec.target)]
+    notes: list[str] = []
+    types: list[str] = []
+    if drafter in ("model", "model+ngram"):
+        argv += ["-md", str(spec.draft)]
+        if drafter == "model+ngram":
+            types.append("ngram-simple")
+        types.append("draft-simple")
+    elif drafter == "ngram":
+        types.append("ngram-simple")
+    elif drafter == "mtp":
+        types.append("draft-mtp")
+    argv += ["--spec-type", ",".join(types) or "none", "--spec-draft-n-max", str(k)]
+    if "ngram-simple" in types:
+        # ngram-simple drafts up to size-m tokens after a size-n match (llama.cpp common/ngram-map.cpp)
+        argv += ["--spec-ngram-simple-size-n", str(LLAMA_SERVER_NGRAM_LOOKUP),
+                 "--spec-ngram-simple-size-m", str(k)]
+        notes.append(f"n-gram lookup: specli matches the longest of the last {NGRAM_LOOKUP_MAX}..."
+                     f"{NGRAM_LOOKUP_MIN} tokens; llama-server's ngram-simple matches exactly "
+                     f"{LLAMA_SERVER_NGRAM_LOOKUP} (--spec-ngram-simple-size-n)")
+    if drafter in ("model", "model+ngram", "mtp"):
+        argv += ["--spec-draft-p-min", f"{s.draft_p_min:g}"]
+    argv += ["-c", str(s.ctx), "-ngl", _gpu_layers(s.gpu_layers)]
+    if drafter in ("model", "model+ngram"):
+        argv += ["-ngld", _gpu_layers(s.gpu_layers)]
+    if s.threads > 0:
+        argv += ["-t", str(s.threads)]
+    else:
+        notes.append("threads: specli uses one per core; llama-server picks its own default (add -t N)")
+    argv += ["--temp", f"{s.temp:g}", "--top-k", str(s.top_k), "--top-p", f"{s.top_p:g}",
+             "--min-p", f"{s.min_p:g}"]
+    if s.seed is not None:
+        argv += ["--seed", str(s.seed)]
+    if s.ignore_eos:
+        argv += ["--ignore-eos"]
+    argv += ["--host", host, "--port", str(port)]
+    if drafter is not None:
+        notes.append("acceptance: llama-server accepts a draft token when the target's own sample equals "
+                     "it (sample-and-match); specli's rule accepts by probability ratio (--no-same-as-plain) "
+                     "or by the same match (--same-as-plain): the distribution is the target's either way, "
+                     "the acceptance rates differ at T > 0")
+    notes.append("the sampling flags are llama-server's defaults for requests that do not set their own "
+                 "(temperature, top_k, top_p, min_p, seed in a request win); several slots (-np) share "
+                 "the context -c")
+    return argv, notes
+
+
+def _hf(spec: ExportInput, engine: str) -> tuple[str, str | None, list[str]]:
+    notes = []
+    target = spec.target_hf or TARGET_PLACEHOLDER
+    draft = None
+    if spec.target_hf is None:
+        notes.append(f"{engine} loads Hugging Face checkpoints, not GGUF: replace {TARGET_PLACEHOLDER} with "
+                     f"the repository of {spec.target.name}'s model (or add hf = \"OWNER/NAME\" to its "
+                     "models.toml entry)")
+    if drafter_kind(spec.draft) is not None and not drafter_kind(spec.draft).reserved:  # type: ignore[union-attr]
+        draft = spec.draft_hf or DRAFT_PLACEHOLDER
+        if spec.draft_hf is None:
+            notes.append(f"replace {DRAFT_PLACEHOLDER} with the Hugging Face repository of the draft "
+                         f"{Path(str(spec.draft)).name} (or add hf = \"OWNER/NAME\" to its models.toml "
+                         "entry)")
+    if spec.target_hf is not None or spec.draft_hf is not None:
+        notes.append(f"{engine} loads the full-precision checkpoints named by hf = in models.toml, not the "
+                     "quantised GGUF files: speed, memory and the exact outputs differ")
+    return target, draft, notes
+
+
+def _sampling_request(s: RunSettings) -> dict[str, Any]:
+    # top_k: specli's 0 (off) is -1 in vLLM and SGLang
+    out: dict[str, Any] = {"temperature": s.temp, "top_k": s.top_k if s.top_k > 0 else -1, "top_p": s.top_p,
+                           "min_p": s.min_p}
+    if s.seed is not None:
+        out["seed"] = s.seed
+    return out
+
+
+def _vllm(spec: ExportInput, drafter: str | None, k: int, host: str,
+          port: int) -> tuple[list[str], list[str]]:
+    s = spec.settings
+    target, draft, notes = _hf(spec, "vLLM")
+    argv = ["vllm", "serve", target]
+    config: dict[str, Any] | None = None
+    if drafter in ("model", "model+ngram"):
+        config = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+        if drafter == "model+ngram":
+            notes.append("combined drafting (--ngram) has no vLLM equivalent: the draft model alone drafts")
+    elif drafter == "ngram":
+        config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": NGRAM_LOOKUP_MAX,
+                  "prompt_lookup_min": NGRAM_LOOKUP_MIN}
+    elif drafter == "mtp":
+        config = {"method": "mtp", "num_speculative_tokens": k}
+    if config is not None:
+        argv += ["--speculative-config", json.dumps(config)]
+    if drafter in ("model", "model+ngram", "mtp") and s.draft_p_min > 0:
+        notes.append(f"--draft-p-min {s.draft_p_min:g} has no vLLM equivalent: every round drafts k tokens")
+    argv += ["--max-model-len", str(s.ctx)]
+    argv += ["--generation-config", "vllm", "--override-generation-config", json.dumps(_sampling_request(s))]
+    if s.seed is not None:
+        argv += ["--seed", str(s.seed)]
+    argv += ["--host", host, "--port", str(port)]
+    notes.append("threads and GPU layers do not apply: vLLM runs the whole model on its GPUs "
+                 "(--tensor-parallel-size N to split it)")
+    if drafter is not None:
+        notes.append("acceptance: vLLM verifies by rejection sampling (the target's distribution, like "
+                     "specli's --no-same-as-plain), not specli's seeded same-as-plain rule")
+    return argv, notes
+
+
+def _sglang(spec: ExportInput, drafter: str | None, k: int, host: str,
+            port: int) -> tuple[list[str], list[str]]:
+    s = spec.settings
+    target, draft, notes = _hf(spec, "SGLang")
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", target]
+    algorithm = {"model": "STANDALONE", "model+ngram": "STANDALONE", "ngram": "NGRAM", "mtp": "NEXTN"}
+    if drafter is not None:
+        argv += ["--speculative-algorithm", algorithm[drafter]]
+        if draft is not None:
+            argv += ["--speculative-draft-model-path", draft]
+        if drafter == "ngram":
+            # NGRAM verifies a tree of candidates: the draft tokens per round are its size
+            argv += ["--speculative-num-draft-tokens", str(k + 1)]
+            notes.append("SGLang's NGRAM speculation runs on CUDA only")
+        else:
+            # one chain of k draft steps (top-k 1), verified as k + 1 tokens
+            argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                     "--speculative-num-draft-tokens", str(k + 1)]
+        if drafter == "model+ngram":
+            notes.append("combined drafting (--ngram) has no SGLang equivalent: the draft model alone drafts")
+    if drafter in ("model", "model+ngram", "mtp") and s.draft_p_min > 0:
+        notes.append(f"--draft-p-min {s.draft_p_min:g} has no SGLang equivalent: every round drafts k tokens")
+    argv += ["--context-length", str(s.ctx)]
+    if s.seed is not None:
+        argv += ["--random-seed", str(s.seed)]
+    argv += ["--host", host, "--port", str(port)]
+    notes.append("sampling is per request in SGLang: send " + json.dumps(_sampling_request(s)) +
+                 " with each request (there is no server-wide default)")
+    notes.append("threads and GPU layers do not apply: SGLang runs the whole model on its GPUs "
+                 "(--tp N to split it)")
+    return argv, notes
+
+
+def export_input(plan: Any, hf_repos: Mapping[str, str | None] | None = None) -> ExportInput:
+    """An ExportInput from a runplan.Plan and the Hugging Face repositories of its models ("target",
+    "draft": from models.toml's hf keys)."""
+    repos = hf_repos or {}
+    return ExportInput(target=plan.target, draft=plan.draft, ngram=plan.ngram, settings=plan.settings,
+                       target_hf=repos.get("target"), draft_hf=repos.get("draft"))
+
+
+def hf_repos(plan: Any, config_path: Path | None) -> dict[str, str | None]:
+    """The hf = keys of the models.toml entries of the plan's target and draft files (None where a
+    file has no entry, or the entry no hf key)."""
+    from specli.config import find_config, load_config
+
+    found = find_config(config_path)
+    if found is None:
+        return {"target": None, "draft": None}
+    cfg = load_config(found)
+
+    def hf_of(path: Path | None) -> str | None:
+        entry = cfg.resolve(str(path)).entry if path is not None else None
+        return entry.hf if entry is not None else None
+
+    return {"target": hf_of(plan.target), "draft": hf_of(plan.draft_model)}
