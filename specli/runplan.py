@@ -5,6 +5,7 @@ files validated before llama.cpp sees them, then `api.load`. The one place a run
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,7 +14,9 @@ from typing import Any
 
 from specli.drafters.registry import drafter_kind
 from specli.settings import (
+    SETTINGS,
     THREADS_PER_CORE,
+    UNUSED_BY_COMMAND,
     RunSettings,
     UsageProblem,
     decode_input,
@@ -81,15 +84,13 @@ def plan_run(
 ) -> Plan:
     """Resolve names or paths through models.toml and merge the settings: `command`'s defaults <
     [defaults] < the model's own < `flags` (checked values, from specli.settings.parse_updates)."""
-    from specli.config import find_config, load_config
-
     if no_draft and draft is not None:
         raise UsageProblem("--draft and --no-draft contradict each other: give one of them")
     model_name(target, "the target (--target)")
     if draft is not None:
         model_name(draft, "the draft (--draft)")
-    found = find_config(config)
-    cfg = load_config(found) if found else None
+    cfg, notes = open_registry(config, [target, draft])
+    found = cfg.path if cfg is not None else None
     settings = defaults_for(command)
     name = None
     if cfg is None:
@@ -103,6 +104,14 @@ def plan_run(
         resolved = cfg.resolve(target)
         target_path, default_draft, name = resolved.path, resolved.draft, resolved.name
         settings = settings.merged(resolved.settings)
+        unused = UNUSED_BY_COMMAND.get(command, frozenset())
+        for setting, error in resolved.problems.items():
+            if setting in (flags or {}):
+                notes.append(f"ignoring {error} (overridden by {SETTINGS[setting].flag})")
+            elif setting in unused:
+                notes.append(f"ignoring {error} ({command} does not use it)")
+            else:
+                raise error
     settings = settings.merged(flags or {})
     _check_threads(settings.threads, "--threads" if "threads" in (flags or {}) else f"threads in {found}")
     draft_arg: str | Path | None = None
@@ -118,11 +127,36 @@ def plan_run(
             "--ngram adds n-gram lookup to a draft model, and there is none: give --draft MODEL "
             "(or --draft ngram for n-gram lookup alone)"
         )
-    plan = Plan(validated(target_path), draft_arg, ngram, settings, name, config=found)
+    plan = Plan(validated(target_path), draft_arg, ngram, settings, name, notes, config=found)
     if plan.draft_model is not None and plan.draft_model.resolve() == plan.target.resolve():
         plan.notes.append("the draft is the target itself: every draft is accepted, but drafting costs as "
                           "much as verifying, so this cannot be faster")
     return plan
+
+
+def _is_path(text: str) -> bool:
+    """Whether a model argument is a path or a drafter, not a name to look up (as Config.resolve)."""
+    kind = drafter_kind(text)
+    return ((kind is not None and kind.reserved) or text.lower().endswith(".gguf") or "/" in text
+            or os.sep in text or Path(text).expanduser().is_file())
+
+
+def open_registry(config: str | Path | None, models: list[str | None]) -> tuple[Any, list[str]]:
+    """The models.toml to look `models` up in (None if there is none), and notes for the user. A file
+    found by itself (./models.toml, the user's) that does not load as specli's registry (another
+    tool's file of that name) does not stop a command whose models are all paths: it is ignored, said
+    in a note. One named by --config or $SPECLI_CONFIG always counts."""
+    from specli.config import ENV_VAR, ConfigError, find_config, load_config
+
+    found = find_config(config)
+    if found is None:
+        return None, []
+    try:
+        return load_config(found, strict=False), []
+    except ConfigError as e:
+        if config is not None or os.environ.get(ENV_VAR) or not all(_is_path(m) for m in models if m):
+            raise
+        return None, [f"ignoring {e} (no model is named by a models.toml name here)"]
 
 
 def _check_threads(threads: int, where: str) -> None:
