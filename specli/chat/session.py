@@ -24,6 +24,7 @@ from specli.llama import Model
 from specli.sampling import SamplingParams
 from specli.settings import MAX_DRAFT_K, RunSettings, Source, UsageProblem, defaults_for, valid_text
 from specli.stats import GenerationStats
+from specli.text import printable
 
 MIN_REPLY_TOKENS = 64  # context kept free for the reply even when max_tokens is larger than a quarter
 # Once turns must go, trim to this share of the context: dropping just enough would make every later turn
@@ -175,7 +176,7 @@ def build_chat_template(model: Model) -> tuple[ChatTemplate, str | None]:
     vocab = model.vocab_info()
     bos, eos = _special_text(model, vocab.bos), _special_text(model, vocab.eos)
     source = model.chat_template()
-    name = model.path.name
+    name = printable(model.path.name)
     if source is None or not source.strip():
         return (ChatTemplate.from_strings(None, bos, eos),
                 f"{name} has no chat template: using ChatML (<|im_start|>role ... <|im_end|>)")
@@ -228,6 +229,9 @@ class ChatSession:
         eos = _special_text(spec.target, vocab.eos)
         self.stops: list[str] = list(dict.fromkeys(s for s in [*self.template.stop_strings(), eos] if s))
         self.last_prompt: PreparedPrompt | None = None
+        if options.system and (problem := self.system_problem(options.system)):
+            # Refused now: every turn would fail, and /reset keeps the system message.
+            raise UsageProblem(f"--system {problem}")
 
     # -- facts -------------------------------------------------------------------------------------
 
@@ -250,6 +254,21 @@ class ChatSession:
     @property
     def system(self) -> str | None:
         return self.messages[0]["content"] if self.messages and self.messages[0]["role"] == "system" else None
+
+    def system_problem(self, text: str) -> str | None:
+        """Why `text` cannot be the system message (None: it can): with an empty user message it must
+        leave the reply its reserve of the context, since turns are dropped but it never is."""
+        messages = [{"role": "system", "content": text}, {"role": "user", "content": ""}]
+        try:
+            tokens = self.tokenize_prompt(self.template.render(messages, add_generation_prompt=True))
+        except ChatTemplateError:
+            return None  # the template's own problem: each turn says it
+        room = self.n_ctx - self.reply_reserve()
+        if len(tokens) <= room:
+            return None
+        return (f"is {len(tokens)} tokens in the chat template, but the context ({self.n_ctx}) keeps "
+                f"{self.reply_reserve()} for the reply and can give it at most {room}: shorten it, or "
+                "raise --ctx")
 
     def reply_reserve(self) -> int:
         """Context kept free for the reply: max_tokens, capped at a quarter of the context (at least 64)."""
@@ -388,6 +407,8 @@ class ChatSession:
         self.dropped = []
 
     def set_system(self, text: str) -> None:
+        if (problem := self.system_problem(text)) is not None:
+            raise ChatError(f"the system message {problem}")
         if self.system is not None:
             self.messages[0] = {"role": "system", "content": text}
         else:
