@@ -179,6 +179,10 @@ def load_run(plan: Plan, *, verbose: bool = False) -> tuple[Any, list[str]]:
     spec = load(plan.target, plan.draft, n_ctx=s.ctx, n_threads=s.threads, n_gpu_layers=s.gpu_layers,
                 draft_p_min=s.draft_p_min, ngram=plan.ngram)
     notes = []
+    bound = spec.target.max_rollback
+    if spec.drafter is not None and isinstance(s.draft_max, int) and s.draft_max > bound:
+        notes.append(f"draft length {s.draft_max} (-k): this {spec.target.architecture} target's recurrent "
+                     f"state rolls back at most {bound} positions, so no round drafts more than {bound}")
     if spec.target.n_ctx != s.ctx:
         # llama.cpp rounds contexts up to a multiple of 256: say what the user got
         notes.append(f"the context is {spec.target.n_ctx} tokens (asked for {s.ctx}; "

@@ -18,6 +18,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -481,6 +482,28 @@ def test_another_tools_models_toml_here_does_not_block_paths(fixture_models, tmp
     for args in (["--target", "m", PROMPT], [*paths, PROMPT, "--config", str(config)]):
         proc = specli("run", *args, "-n", "2", "-t", "1", cwd=tmp_path)
         assert_one_line_error(proc, 1, "models.toml")
+
+
+def test_bench_pair_seeds_stay_seeds_run_takes(fixture_models, tmp_path) -> None:
+    """`bench -s 4294967295 --repeat 2` gave the second pair seed 4294967296, which `run` refuses, so
+    that pair could not be reproduced: seeds wrap within the seed range, and each pair's output is
+    what `run --seed` prints."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PROMPT + "\n")
+    out = tmp_path / "b.json"
+    proc = specli("bench", "--target", str(fixture_models.target), "--draft", str(fixture_models.draft),
+                  "--prompts", str(prompts), "-s", "4294967295", "--repeat", "2", "-k", "2", "--temp", "0.8",
+                  "-n", "8", "-t", "1", "--json", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted({r["seed"] for r in runs}) == [0, 4294967295]
+    for seed in (0, 4294967295):
+        again = specli("run", "--target", str(fixture_models.target), "--no-draft", PROMPT, "-s", str(seed),
+                       "--temp", "0.8", "-n", "8", "--ignore-eos", "-t", "1", "--json", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        tokens = json.loads(again.stdout)["tokens"]
+        crc = zlib.crc32(np.asarray(tokens, dtype=np.int64).tobytes())
+        assert {r["output_crc"] for r in runs if r["seed"] == seed} == {crc}, seed
 
 
 def test_seed_minus_one_is_random(fixture_models, tmp_path) -> None:

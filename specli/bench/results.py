@@ -152,6 +152,7 @@ class BenchResult:
     configs: list[ConfigResult] = field(default_factory=list)
     runs: list[RunRecord] = field(default_factory=list)
     interrupted: bool = False
+    k_capped: dict[int, int] = field(default_factory=dict)  # k asked -> k run (the target's rollback bound)
 
     @property
     def best(self) -> ConfigResult | None:

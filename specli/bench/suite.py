@@ -209,6 +209,9 @@ class BenchConfig:
     # Alternate which half of a pair runs first (plain-spec, spec-plain, ...), so that whatever the
     # first run of a pair does to the second (cache, clocks) does not favour one side.
     alternate_order: bool = True
+    # The deepest draft the target can roll back (a recurrent/hybrid model's state snapshots), set by
+    # run_bench once the target is loaded; None: no bound below MAX_DRAFT_K.
+    k_limit: int | None = None
 
     @property
     def max_tokens(self) -> int:
@@ -240,7 +243,18 @@ class BenchConfig:
 
     def max_batch(self) -> int:
         """The largest verify batch the runs can make: max k + 1 (auto may reach AutoK's k_max)."""
-        return max(AutoK().k_max if k == AUTO else int(k) for k in self.ks) + 1
+        deepest = max(AutoK().k_max if k == AUTO else int(k) for k in self.ks)
+        return min(deepest, self.k_limit if self.k_limit is not None else deepest) + 1
+
+    def cap_ks(self, limit: int) -> dict[int, int]:
+        """Cap the draft lengths at what the target can roll back (the engine drafts no more): each k is
+        labelled and predicted with the k its runs use. Returns {k asked: k used} for those capped."""
+        capped = {k: limit for k in self.ks if k != AUTO and int(k) > limit}
+        if limit < MAX_DRAFT_K:
+            self.k_limit = limit
+        if capped:
+            self.ks = list(dict.fromkeys(k if k == AUTO else min(int(k), limit) for k in self.ks))
+        return capped
 
     def run_settings(self, temperature: float, k: K) -> RunSettings:
         """The settings of one run of the bench: a temperature and a draft length."""
