@@ -23,7 +23,9 @@ session.
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -31,6 +33,8 @@ from typing import Any
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from specli.text import printable
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -105,20 +109,150 @@ def _raise_exception(message: str) -> None:
 
 
 def _one_line(text: object) -> str:
-    line = " ".join(str(text).split())
+    # printable(): a template's own error text may carry escape codes meant for the terminal
+    line = printable(" ".join(str(text).split()))
     if len(line) > _MAX_ERROR_LEN:
         line = line[: _MAX_ERROR_LEN - 3] + "..."
     return line
 
 
+# -- bounds: a chat template comes inside a downloaded file, and rendering it must always end ----------
+
+# Python lines a render may execute (the template's compiled code and the Jinja runtime and filters it
+# calls): 400 messages through a Llama 3 template take about 27,000; a nested loop of ranges
+# (the sandbox caps one range at 100,000 items) would run for hours.
+MAX_RENDER_LINES = 5_000_000
+# Characters one operation may make, and a whole prompt may have (far beyond any context).
+MAX_RENDER_CHARS = 1 << 24
+
+
+class TemplateTooCostly(Exception):
+    """A render went past MAX_RENDER_LINES or MAX_RENDER_CHARS."""
+
+
+def _too_big(size: float, what: str) -> None:
+    if size > MAX_RENDER_CHARS:
+        raise TemplateTooCostly(f"{what} would make {size:,.0f} characters (at most {MAX_RENDER_CHARS:,})")
+
+
+_WIDTHS = re.compile(r"%[-+ #0]*(\d+)?(?:\.(\d+))?|\{[^{}]*?:[^{}]*?(\d+)(?:\.(\d+))?[^{}]*\}")
+
+
+_ARGUMENT_WIDTH = re.compile(r"%[-+ #0]*\*|%[-+ #0]*\d*\.\*|\{[^{}]*:[^{}]*\{")
+
+
+def _check_format(spec: str, args: Any = ()) -> None:
+    """printf (`%0999999999d`) and str.format (`{:999999999}`) widths: each makes a string that long;
+    where the width is an argument (`%*d`, `{:{}}`), the arguments' numbers count as widths."""
+    for match in _WIDTHS.finditer(spec):
+        for number in match.groups():
+            if number:
+                _too_big(int(number), f"the width {number} in {spec[:40]!r}")
+    if _ARGUMENT_WIDTH.search(spec):
+        values = args.values() if isinstance(args, Mapping) else args if isinstance(args, tuple) else (args,)
+        for value in values:
+            if isinstance(value, int) and not isinstance(value, bool):
+                _too_big(value, f"a width given to {spec[:40]!r}")
+
+
+def _amplified(method: str, text: str, args: tuple[Any, ...]) -> float:
+    """The length of `text.method(*args)` where a str method can make a string far longer than its
+    inputs, 0 for the others."""
+    if method in ("center", "ljust", "rjust", "zfill") and args and isinstance(args[0], int):
+        return args[0]
+    if method == "expandtabs":
+        tab = args[0] if args and isinstance(args[0], int) else 8
+        return len(text) + text.count("\t") * tab
+    if method == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+        count = text.count(args[0]) if args[0] else len(text) + 1
+        return len(text) + count * len(args[1])
+    return 0
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, plus checks on what Python does in C where the line budget cannot see: big powers,
+    repetition, padding, replacement and format widths."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+                    _too_big(len(seq) * n, "repeating a sequence")
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+            if right * math.log2(abs(left)) > 4 * MAX_RENDER_CHARS:
+                raise TemplateTooCostly(f"{left} ** {right} is too large a number")
+        elif operator == "%" and isinstance(left, str):
+            _check_format(left, right)
+        return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        spec = value.__self__
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            _check_format(spec, (*args, *kwargs.values(), *(a for m in args if isinstance(m, Mapping)
+                                                            for a in m.values())))
+            return wrapped(*args, **kwargs)
+
+        return checked
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str):
+            name = getattr(__obj, "__name__", "")
+            _too_big(_amplified(name, owner, args), f"str.{name}")
+        return super().call(__context, __obj, *args, **kwargs)
+
+
+def _checked_filter(name: str, filter_function: Any, size: Any) -> Any:
+    def checked(value: Any, *args: Any, **kwargs: Any) -> Any:
+        _too_big(size(value, *args, **kwargs), f"the {name} filter")
+        return filter_function(value, *args, **kwargs)
+
+    return checked
+
+
+def _format_size(value: Any, *args: Any, **kwargs: Any) -> int:
+    _check_format(str(value), kwargs or args)
+    return 0
+
+
+def _indent_size(value: Any, width: Any = 4, *args: Any, **kwargs: Any) -> float:
+    step = width if isinstance(width, int) else len(str(width))
+    return len(str(value)) + (str(value).count("\n") + 1) * step
+
+
+class _LineBudget:
+    """A trace function counting the Python lines a render executes (in this thread only)."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            self.left -= 1
+            if self.left < 0:
+                raise TemplateTooCostly(f"it ran more than {MAX_RENDER_LINES:,} lines of template code")
+        return self
+
+
 def _make_environment(now: datetime) -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _BoundedEnvironment(
         loader=jinja2.BaseLoader(),
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationTag, jinja2.ext.loopcontrols],
     )
     env.filters["tojson"] = _tojson
+    for name, size in (("center", lambda value, width=80, *a, **k: width if isinstance(width, int) else 0),
+                       ("indent", _indent_size), ("format", _format_size),
+                       ("replace", lambda value, old, new, *a, **k: _amplified("replace", str(value),
+                                                                               (str(old), str(new))))):
+        env.filters[name] = _checked_filter(name, env.filters[name], size)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = now.strftime
     return env
@@ -185,14 +319,25 @@ class ChatTemplate:
         )
         if tools is not None:
             context["tools"] = [dict(t) for t in tools]
+        previous = sys.gettrace()
+        sys.settrace(_LineBudget(MAX_RENDER_LINES))
         try:
-            return self._compiled.render(**context)
+            parts, size = [], 0
+            for part in self._compiled.generate(**context):
+                size += len(part)
+                _too_big(size, "the prompt")
+                parts.append(part)
+            return "".join(parts)
         except _TemplateRaised as exc:
             raise ChatTemplateError(str(exc)) from exc
         except ChatTemplateError:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        except TemplateTooCostly as exc:
+            raise ChatTemplateError(f"chat template stopped: {exc}") from exc
+        except Exception as exc:  # whatever a template does wrong (RecursionError too), it is the template's
             raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from exc
+        finally:
+            sys.settrace(previous)
 
     def starts_with_bos(self, rendered: str) -> bool:
         """True if ``rendered`` already begins with the BOS text (tokenize it with add_special=False).

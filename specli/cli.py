@@ -17,7 +17,7 @@ from rich.text import Text
 from specli.drafters.registry import draft_help
 from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, UsageProblem, friendly_errors
 from specli.events import TokenEvent
-from specli.runplan import Plan, load_run, model_name, plan_run, read_prompt, validated
+from specli.runplan import Plan, load_run, model_name, open_registry, plan_run, read_prompt, validated
 from specli.settings import FLAGS, SETTINGS, defaults_for, parse_updates, valid_text
 from specli.ui.console import make_console, shows_styles
 
@@ -94,7 +94,7 @@ ConfigOpt = typer.Option(None, "--config", metavar="FILE", help="models.toml to 
 def _load(plan: Plan, *, verbose: bool, err: Console) -> Speculator:
     """Load the plan's models under a status line, and say what the user should know about them."""
     for note in plan.notes:
-        err.print(Text.assemble(("note: ", "yellow"), note))
+        err.print(Text.assemble(("note: ", "yellow"), note), soft_wrap=True)  # one line, also on a pipe
     what = plan.target.name + (f" + {Path(plan.draft).name}" if plan.draft else "")
     with err.status(Text(f"loading {what}")):
         spec, notes = load_run(plan, verbose=verbose)
@@ -303,6 +303,8 @@ def bench(
                   (plan.config, "the models.toml")]
         _refuse_clashing_outputs([(path, opt) for (path, _), (_, opt, _) in zip(outputs, named, strict=True)],
                                  [(path, what) for path, what in inputs if path is not None])
+        for note in plan.notes:
+            err.print(Text.assemble(("note: ", "yellow"), note), soft_wrap=True)
         if plan.draft is None:
             raise UsageProblem("bench compares against a drafter: give --draft (a model, or 'ngram')")
         if plan.draft == "mtp":
@@ -589,7 +591,12 @@ def models_list(
                 "no models.toml found (looked for --config, $SPECLI_CONFIG, ./models.toml, "
                 "~/.config/specli/models.toml); copy the repository's models.toml there"
             )
-        rows = model_rows(load_config(found))
+        registry = load_config(found, strict=False)
+        problems = [*registry.default_problems.values(),
+                    *(e for entry in registry.models.values() for e in entry.problems.values())]
+        for problem in problems:  # a listing uses no setting, but says what a run would refuse
+            make_console(stderr=True).print(Text.assemble(("note: ", "yellow"), str(problem)), soft_wrap=True)
+        rows = model_rows(registry)
         if json_out:
             print(json.dumps(rows, default=str))
             return
@@ -610,13 +617,14 @@ def models_check(
 
     from specli import llama
     from specli.compat import check_vocab
-    from specli.config import find_config, load_config
 
     out = make_console()
+    err = make_console(stderr=True)
     with friendly_errors():
-        found = find_config(config)
-        cfg = load_config(found) if found else None
         named = [model_name(target, "TARGET"), model_name(draft, "DRAFT")]
+        cfg, notes = open_registry(config, named)
+        for note in notes:
+            err.print(Text.assemble(("note: ", "yellow"), note), soft_wrap=True)
         paths = [validated(cfg.resolve(x).path if cfg else Path(x).expanduser()) for x in named]
         llama.set_verbose(verbose)
         opts = llama.ModelOptions(n_ctx=64, n_threads=1)

@@ -32,7 +32,7 @@ from typing import Any
 
 from specli.drafters.registry import RESERVED_NAMES
 from specli.fileio import regular_file_problem
-from specli.settings import SETTING_NAMES, UsageProblem, file_source, parse_updates
+from specli.settings import SETTING_NAMES, SettingError, UsageProblem, file_source, parse_updates
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -82,6 +82,9 @@ _MODEL_KEYS = frozenset({"path", "draft", "description", "url", "hf"}) | set(SET
 
 # A layer of settings: setting name -> checked value (specli.settings), only the ones a table sets.
 Layer = dict[str, Any]
+# Settings a table sets to a value that fails its check, when loaded with strict=False: raised by the
+# command that would use them (specli.runplan), not by one that does not.
+Problems = dict[str, SettingError]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -103,6 +106,7 @@ class ModelEntry:
     settings: Layer = field(default_factory=dict)
     line: int | None = None  # of the [models.NAME] header
     key_lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    problems: Problems = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class ResolvedModel:
     entry: ModelEntry | None
     settings: Layer  # [defaults] overlaid with the model's own settings
     draft: str | None  # the default draft's name, if the model has one
+    problems: Problems = field(default_factory=dict)  # bad values among them (see Problems)
 
 
 @dataclass
@@ -119,6 +124,7 @@ class Config:
     path: Path
     defaults: Layer = field(default_factory=dict)
     models: dict[str, ModelEntry] = field(default_factory=dict)
+    default_problems: Problems = field(default_factory=dict)
 
     def names(self) -> list[str]:
         return list(self.models)
@@ -126,6 +132,17 @@ class Config:
     def settings_for(self, name: str | None) -> Layer:
         entry = self.models.get(name) if name else None
         return {**self.defaults, **entry.settings} if entry else dict(self.defaults)
+
+    def problems_for(self, name: str | None) -> Problems:
+        """The bad values among the settings a model gets: [defaults]' unless the model sets that
+        setting itself, then the model's own."""
+        entry = self.models.get(name) if name else None
+        problems = dict(self.default_problems)
+        if entry is not None:
+            for setting in (*entry.settings, *entry.problems):
+                problems.pop(setting, None)
+            problems.update(entry.problems)
+        return problems
 
     def resolve(self, name_or_path: str | os.PathLike[str]) -> ResolvedModel:
         """A model name from the registry, or a path (an existing file, or anything ending in .gguf).
@@ -135,19 +152,25 @@ class Config:
         """
         text = os.fspath(name_or_path)
         candidate = Path(os.path.expandvars(os.path.expanduser(text)))
+        if text in self.models and candidate.exists():
+            # A file named like an entry used to win silently over the registry.
+            raise UsageProblem(f"{text!r} is both a model in {_short(self.path)} and a file here: write "
+                               f"./{text} for the file, or rename it")
         # model names contain no slashes, so anything with one is a path (a FIFO, /dev/zero ...)
         if candidate.is_file() or text.lower().endswith(".gguf") or "/" in text or os.sep in text:
             path = Path(os.path.normpath(candidate.absolute()))
             entry = self._entry_for_path(path)
             if entry is None:
-                return ResolvedModel(path, None, None, dict(self.defaults), None)
-            return ResolvedModel(path, entry.name, entry, self.settings_for(entry.name), entry.draft)
+                return ResolvedModel(path, None, None, dict(self.defaults), None, self.problems_for(None))
+            return ResolvedModel(path, entry.name, entry, self.settings_for(entry.name), entry.draft,
+                                 self.problems_for(entry.name))
         entry = self.models.get(text)
         if entry is None:
             raise self._unknown_name(text)
         if not entry.path.is_file():
             raise self._missing_file(entry)
-        return ResolvedModel(entry.path, entry.name, entry, self.settings_for(entry.name), entry.draft)
+        return ResolvedModel(entry.path, entry.name, entry, self.settings_for(entry.name), entry.draft,
+                             self.problems_for(entry.name))
 
     def _entry_for_path(self, path: Path) -> ModelEntry | None:
         for entry in self.models.values():
@@ -294,9 +317,10 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
 
 
 class _Loader:
-    def __init__(self, path: Path, text: str) -> None:
+    def __init__(self, path: Path, text: str, strict: bool) -> None:
         self.path = path
         self.lines = _key_lines(text)
+        self.strict = strict
 
     def line_of(self, *key: str) -> int | None:
         if key in self.lines:
@@ -314,13 +338,23 @@ class _Loader:
     def error(self, key: tuple[str, ...], message: str) -> ConfigError:
         return ConfigError(self.path, message, line=self.line_of(*key), key=".".join(_show(k) for k in key))
 
-    def settings(self, table: Mapping[str, Any], where: tuple[str, ...]) -> Layer:
+    def settings(self, table: Mapping[str, Any], where: tuple[str, ...]) -> tuple[Layer, Problems]:
         """The table's settings, checked by the same rules as the flags (SettingError naming the file,
-        the line and the key)."""
+        the line and the key): raised when strict, else returned beside the good ones."""
         values = {name: table[name] for name in SETTING_NAMES if name in table}
         lines = {name: line for name in values if (line := self.line_of(*where, name)) is not None}
         prefix = ".".join(_show(w) for w in where)
-        return parse_updates(values, file_source(_short(self.path), prefix, lines))
+        source = file_source(_short(self.path), prefix, lines)
+        layer: Layer = {}
+        problems: Problems = {}
+        for name, value in values.items():
+            try:
+                layer.update(parse_updates({name: value}, source))
+            except SettingError as e:
+                if self.strict:
+                    raise
+                problems[name] = e
+        return layer, problems
 
     def unknown_keys(self, table: Mapping[str, Any], allowed: frozenset[str] | set[str],
                      where: tuple[str, ...]) -> None:
@@ -354,6 +388,7 @@ class _Loader:
         if not expanded.is_absolute():
             expanded = self.path.parent / expanded
         key_lines = {k: n for k in table if (n := self.lines.get(where + (k,))) is not None}
+        settings, problems = self.settings(table, where)
         return ModelEntry(
             name=name,
             path=Path(os.path.normpath(expanded)),  # normpath, not resolve(): keep symlinked names
@@ -362,9 +397,10 @@ class _Loader:
             description=table.get("description"),
             url=table.get("url"),
             hf=self._hf_repo(table.get("hf"), where),
-            settings=self.settings(table, where),
+            settings=settings,
             line=self.lines.get(where),
             key_lines=key_lines,
+            problems=problems,
         )
 
 
@@ -393,8 +429,10 @@ def _show(part: str) -> str:
     return part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"'
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
-    """Parse and check a models.toml. Model files are *not* checked for existence here."""
+def load_config(path: str | os.PathLike[str], *, strict: bool = True) -> Config:
+    """Parse and check a models.toml. Model files are *not* checked for existence here. A setting's bad
+    value raises SettingError when `strict`; otherwise it is kept in the Config's problems, for the
+    command that would use it to raise (a bench does not use `temp`)."""
     path = Path(path).expanduser().absolute()
     problem = regular_file_problem(path)
     if problem not in (None, "no such file") and not path.is_dir():
@@ -414,13 +452,13 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise _syntax_error(path, text, e) from None
 
-    loader = _Loader(path, text)
+    loader = _Loader(path, text, strict)
     loader.unknown_keys(data, {"defaults", "models"}, ())
     defaults_table = data.get("defaults", {})
     if not isinstance(defaults_table, dict):
         raise loader.error(("defaults",), "must be a table ([defaults])")
     loader.unknown_keys(defaults_table, set(SETTING_NAMES), ("defaults",))
-    defaults = loader.settings(defaults_table, ("defaults",))
+    defaults, default_problems = loader.settings(defaults_table, ("defaults",))
 
     models_table = data.get("models", {})
     if not isinstance(models_table, dict):
@@ -438,7 +476,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
             hint = f"did you mean {close!r}? " if close else ""
             raise loader.error(where, f"draft {entry.draft!r} is not a model defined in this file; {hint}"
                                       f"known models: {', '.join(sorted(models))}")
-    return Config(path=path, defaults=defaults, models=models)
+    return Config(path=path, defaults=defaults, models=models, default_problems=default_problems)
 
 
 def _syntax_error(path: Path, text: str, e: Exception) -> ConfigError:

@@ -13,6 +13,7 @@ import typer
 
 from specli import signals
 from specli.settings import UsageProblem
+from specli.text import printable
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
@@ -31,7 +32,8 @@ def fail(message: str, code: int = EXIT_RUNTIME) -> typer.Exit:
     except (OSError, ValueError, AttributeError):
         pass
     # One line, on stderr, prefixed so it stands apart from generated text.
-    print(f"specli: error: {message}", file=sys.stderr, flush=True)
+    # printable(): a path, a file's text or a model's may hold a newline or escape codes
+    print(f"specli: error: {printable(message)}", file=sys.stderr, flush=True)
     return typer.Exit(code)
 
 

@@ -5,6 +5,7 @@ files validated before llama.cpp sees them, then `api.load`. The one place a run
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,7 +14,9 @@ from typing import Any
 
 from specli.drafters.registry import drafter_kind
 from specli.settings import (
+    SETTINGS,
     THREADS_PER_CORE,
+    UNUSED_BY_COMMAND,
     RunSettings,
     UsageProblem,
     decode_input,
@@ -93,15 +96,13 @@ def plan_run(
 ) -> Plan:
     """Resolve names or paths through models.toml and merge the settings: `command`'s defaults <
     [defaults] < the model's own < `flags` (checked values, from specli.settings.parse_updates)."""
-    from specli.config import find_config, load_config
-
     if no_draft and draft is not None:
         raise UsageProblem("--draft and --no-draft contradict each other: give one of them")
     model_name(target, "the target (--target)")
     if draft is not None:
         model_name(draft, "the draft (--draft)")
-    found = find_config(config)
-    cfg = load_config(found) if found else None
+    cfg, notes = open_registry(config, [target, draft])
+    found = cfg.path if cfg is not None else None
     settings = defaults_for(command)
     name = None
     if cfg is None:
@@ -115,6 +116,14 @@ def plan_run(
         resolved = cfg.resolve(target)
         target_path, default_draft, name = resolved.path, resolved.draft, resolved.name
         settings = settings.merged(resolved.settings)
+        unused = UNUSED_BY_COMMAND.get(command, frozenset())
+        for setting, error in resolved.problems.items():
+            if setting in (flags or {}):
+                notes.append(f"ignoring {error} (overridden by {SETTINGS[setting].flag})")
+            elif setting in unused:
+                notes.append(f"ignoring {error} ({command} does not use it)")
+            else:
+                raise error
     settings = settings.merged(flags or {})
     _check_threads(settings.threads, "--threads" if "threads" in (flags or {}) else f"threads in {found}")
     draft_arg: str | Path | None = None
@@ -131,11 +140,36 @@ def plan_run(
             "(or --draft ngram for n-gram lookup alone)"
         )
     plan = Plan(validated(target_path, speculative_target=draft_arg is not None), draft_arg, ngram, settings,
-                name, config=found)
+                name, notes, config=found)
     if plan.draft_model is not None and plan.draft_model.resolve() == plan.target.resolve():
         plan.notes.append("the draft is the target itself: every draft is accepted, but drafting costs as "
                           "much as verifying, so this cannot be faster")
     return plan
+
+
+def _is_path(text: str) -> bool:
+    """Whether a model argument is a path or a drafter, not a name to look up (as Config.resolve)."""
+    kind = drafter_kind(text)
+    return ((kind is not None and kind.reserved) or text.lower().endswith(".gguf") or "/" in text
+            or os.sep in text or Path(text).expanduser().is_file())
+
+
+def open_registry(config: str | Path | None, models: list[str | None]) -> tuple[Any, list[str]]:
+    """The models.toml to look `models` up in (None if there is none), and notes for the user. A file
+    found by itself (./models.toml, the user's) that does not load as specli's registry (another
+    tool's file of that name) does not stop a command whose models are all paths: it is ignored, said
+    in a note. One named by --config or $SPECLI_CONFIG always counts."""
+    from specli.config import ENV_VAR, ConfigError, find_config, load_config
+
+    found = find_config(config)
+    if found is None:
+        return None, []
+    try:
+        return load_config(found, strict=False), []
+    except ConfigError as e:
+        if config is not None or os.environ.get(ENV_VAR) or not all(_is_path(m) for m in models if m):
+            raise
+        return None, [f"ignoring {e} (no model is named by a models.toml name here)"]
 
 
 def _check_threads(threads: int, where: str) -> None:
@@ -158,6 +192,10 @@ def load_run(plan: Plan, *, verbose: bool = False) -> tuple[Any, list[str]]:
     spec = load(plan.target, plan.draft, n_ctx=s.ctx, n_threads=s.threads, n_gpu_layers=s.gpu_layers,
                 draft_p_min=s.draft_p_min, ngram=plan.ngram)
     notes = []
+    bound = spec.target.max_rollback
+    if spec.drafter is not None and isinstance(s.draft_max, int) and s.draft_max > bound:
+        notes.append(f"draft length {s.draft_max} (-k): this {spec.target.architecture} target's recurrent "
+                     f"state rolls back at most {bound} positions, so no round drafts more than {bound}")
     if spec.target.n_ctx != s.ctx:
         # llama.cpp rounds contexts up to a multiple of 256: say what the user got
         notes.append(f"the context is {spec.target.n_ctx} tokens (asked for {s.ctx}; "

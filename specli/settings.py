@@ -235,6 +235,11 @@ COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# Settings a command replaces with its own options (bench: its --temp and -k lists), so a bad value of
+# them in models.toml does not concern it.
+UNUSED_BY_COMMAND: dict[str, frozenset[str]] = {"bench": frozenset({"temp", "draft_max"})}
+
+
 def defaults_for(command: str) -> RunSettings:
     return RunSettings().merged(COMMAND_DEFAULTS[command])
 

@@ -532,6 +532,40 @@ def test_a_template_that_fails_to_render_falls_back_to_chatml(tmp_path) -> None:
     assert "note: broken.gguf's chat template does not work" in err
 
 
+def test_a_template_that_would_not_end_falls_back_at_load(tmp_path) -> None:
+    """A model whose chat template loops for hours hung `specli chat` at load; one whose error text
+    carries escape codes wrote them to the terminal. Both fall back to ChatML with a printable note."""
+    looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    escaping = "{{ raise_exception('\x1b[2J\x1b]0;pwned\x07') }}"
+    for name, template in (("looping", looping), ("escaping", escaping)):
+        model = _write_chat_model(tmp_path / f"{name}.gguf", template, ["<|im_start|>", "<|im_end|>"],
+                                  bos="<s>", eos="</s>")
+        with load(model, None, n_ctx=256, n_threads=1) as spec:
+            options = ChatOptions(settings=chat_settings(temp=0.0, max_tokens=4), history=False)
+            code, out, err = chat(spec, "Hi\n", options)
+        assert code == 0 and out.count("\n") == 1
+        assert f"note: {name}.gguf's chat template does not work" in err and "\x1b" not in err
+
+
+def test_a_system_message_that_cannot_fit_is_refused(fixture_models, tmp_path) -> None:
+    """A --system message longer than the context was accepted, then every turn failed with advice
+    (/reset) that could not work: /reset keeps the system message. Refused up front (exit 2), and
+    /system refuses one too, keeping the one it had."""
+    long_text = "Once upon a time there was a fox " * 100
+    runner = CliRunner()
+    result = runner.invoke(app, ["chat", "--target", str(fixture_models.target), "--no-history", "-c", "256",
+                                 "-t", "1", "--system", long_text], input="Hi\n")
+    assert result.exit_code == 2
+    assert "--system is" in result.stderr and "raise --ctx" in result.stderr and result.stdout == ""
+    with load(fixture_models.target, None, n_ctx=256, n_threads=1) as spec:
+        session = ChatSession(spec, ChatOptions(system="Be brief.", settings=chat_settings(max_tokens=8)))
+        answer = session.command(f"/system {long_text}")
+        assert answer.error and "the system message is" in answer.text
+        assert session.system == "Be brief."
+        run_turn(session, "Once upon a time")
+        assert session.turns[-1].generated_tokens > 0
+
+
 def _interactive_chat(fixture_models, tmp_path, *extra: str) -> str:
     """`specli chat` on a pseudo-terminal: type a message, wait until its reply's stats line is shown,
     then /exit. Returns what the terminal showed."""

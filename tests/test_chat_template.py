@@ -475,3 +475,51 @@ def test_long_raise_message_is_truncated_single_line() -> None:
         t.render([user("x")])
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("line one line two") and len(msg) <= 300
+
+
+# -- a template from a downloaded file must not be able to hang specli, nor write to the terminal --------
+
+COSTLY_TEMPLATES = {
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "huge power": "{{ 2 ** 99999999999 }}",
+    "repeated string": "{{ 'x' * 10000000000 }}",
+    "repeated list": "{{ ([1] * 1000000000)|length }}",
+    "center filter": "{{ 'x'|center(1000000000) }}",
+    "str method": "{{ 'x'.ljust(1000000000) }}",
+    "replace": "{% set a = 'a' * 100000 %}{{ a.replace('a', a) }}",
+    "replace filter": "{% set a = 'a' * 100000 %}{{ a|replace('a', a) }}",
+    "printf width": "{{ '%0999999999d' % 1 }}",
+    "printf width argument": "{{ '%*d' % (999999999, 1) }}",
+    "format filter": "{{ '%0999999999d'|format(1) }}",
+    "str.format width": "{{ '{:999999999}'.format(1) }}",
+    "str.format width argument": "{{ '{:{}}'.format(1, 999999999) }}",
+    "indent": "{{ 'a\nb'|indent(1000000000) }}",
+    "expandtabs": "{{ ('\t' * 1000).expandtabs(100000) }}",
+    "recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+}
+
+
+@pytest.mark.parametrize("source", COSTLY_TEMPLATES.values(), ids=COSTLY_TEMPLATES.keys())
+def test_a_template_that_would_not_end_is_stopped(source: str) -> None:
+    """A huge loop (hours), or one C-level operation making gigabytes: each render is bounded (a line
+    budget for Python code, size checks where Python works in C), and fails like a broken template."""
+    with pytest.raises(ChatTemplateError, match="chat template (stopped|failed to render)"):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+def test_ordinary_widths_and_repeats_still_render() -> None:
+    source = ("{{ '{} {:5}|'.format(1234567890123, 'ab') }}{{ '%5d|%s' % (3, 'x') }}{{ 'a'|center(5) }}"
+              "{{ '-' * 3 }}{{ 2 ** 10 }}{% for m in messages %}{{ m.content|indent(2) }}{% endfor %}")
+    out = ChatTemplate(source).render([{"role": "user", "content": "a\nb"}])
+    assert out == "1234567890123 ab   |    3|x  a  ---1024a\n  b"
+
+
+def test_template_error_text_cannot_drive_the_terminal() -> None:
+    """A template's error text with escape codes (colours, a window title, a newline) was written raw."""
+    source = "{{ raise_exception('\x1b[31mred\x1b]0;title\x07\nsecond line\u202e') }}"
+    with pytest.raises(ChatTemplateError) as info:
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+    message = str(info.value)
+    assert message.isprintable()
+    assert "\\x1b[31mred" in message and "\\u202e" in message
+

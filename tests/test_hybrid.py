@@ -185,6 +185,33 @@ def test_draft_length_is_capped_by_the_rollback_bound(hybrid_models, fixture_mod
         target.close()
 
 
+def test_bench_and_run_label_the_k_a_hybrid_target_runs(hybrid_models, fixture_models, tmp_path) -> None:
+    """On a hybrid target -k 32 is capped at the rollback bound (16): bench labelled the row k = 32
+    and predicted for 32. The row is k = 16 (one row for 16 and 32), its runs draft at most 16, a note
+    says why; `run -k 32` says so too."""
+    import json
+    import subprocess
+
+    from support import EXE, _env
+
+    out = tmp_path / "b.json"
+    proc = subprocess.run([EXE, "bench", "--target", str(hybrid_models.target), "--draft", "ngram",
+                           "-k", "4,16,32", "--temp", "0", "-n", "24", "--repeat", "1", "-t", "1",
+                           "--json", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, env=_env(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["options"]["ks"] == [4, 16] and data["options"]["ks_capped"] == {"32": 16}
+    assert [c["k"] for c in data["configs"]] == [4, 16]
+    assert all(max(r["k_per_round"], default=0) <= r["k"] for r in data["runs"] if r["mode"] == "spec")
+    assert max(p["m"] for p in data["verify_curve"]["points"]) == 17  # the verify curve up to what is used
+    assert "-k 32 ran as k = 16" in " ".join(proc.stdout.split())
+    run = subprocess.run([EXE, "run", "--target", str(hybrid_models.target), "--draft", "ngram", "-k", "32",
+                          PROMPT, "-n", "4", "-t", "1", "--json"], capture_output=True, text=True,
+                         cwd=tmp_path, env=_env(tmp_path), timeout=300)
+    assert run.returncode == 0 and "rolls back at most 16 positions" in run.stderr, run.stderr
+
+
 def test_target_without_rollback_is_refused_clearly(hybrid_models, fixture_models) -> None:
     """n_rs_seq = 0 is what llama.cpp gives an architecture without bounded rollback (mamba, rwkv,
     jamba, ...): the engine refuses to speculate, names the architecture and the way out."""

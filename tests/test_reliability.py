@@ -18,6 +18,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -430,6 +431,79 @@ def test_models_toml_values_get_the_same_checks(fixture_models, tmp_path) -> Non
     proc = specli("run", "--target", "t", PROMPT, "--config", str(config), cwd=tmp_path)
     # Named as it is written there (file, line, key), not as a flag the user did not type.
     assert_one_line_error(proc, 2, "models.toml:3: models.t.temp: must be 0 (greedy) or at least")
+
+
+def test_a_bad_models_toml_value_stops_only_what_uses_it(fixture_models, tmp_path) -> None:
+    """`temp = 1e-30` in the file blocked `bench`, which uses its own --temp list: the command that
+    would use the value refuses it (exit 2, file:line: key), the others say they ignore it."""
+    config = write_config(tmp_path, f'[defaults]\ntemp = 1e-30\n[models.t]\npath = "{fixture_models.target}"'
+                                    f'\n[models.d]\npath = "{fixture_models.draft}"\n')
+    where = "models.toml:2: defaults.temp: must be 0 (greedy) or at least"
+    run = specli("run", "--target", "t", PROMPT, "-n", "2", "-t", "1", cwd=tmp_path)
+    assert_one_line_error(run, 2, where)
+    overridden = specli("run", "--target", "t", PROMPT, "-n", "2", "-t", "1", "--temp", "0", cwd=tmp_path)
+    assert overridden.returncode == 0 and f"note: ignoring {where}" in overridden.stderr
+    assert "(overridden by --temp)" in overridden.stderr
+    bench = specli("bench", "--target", "t", "--draft", "d", "-n", "2", "--repeat", "1", "-k", "1",
+                   "--temp", "0", "-t", "1", cwd=tmp_path)
+    assert bench.returncode == 0, bench.stderr
+    assert "(bench does not use it)" in bench.stderr and "speedup" in bench.stdout
+    listing = specli("models", "--json", "--config", str(config), cwd=tmp_path)
+    assert listing.returncode == 0 and len(json.loads(listing.stdout)) == 2 and where in listing.stderr
+    with_k = write_config(tmp_path / "k", f'[models.t]\npath = "{fixture_models.target}"\ndraft_max = 99\n')
+    bench = specli("bench", "--target", "t", "--draft", "ngram", "-n", "2", "--repeat", "1", "-k", "1",
+                   "--temp", "0", "-t", "1", "--config", str(with_k), cwd=tmp_path)
+    assert bench.returncode == 0 and "models.t.draft_max" in bench.stderr, bench.stderr
+
+
+def test_a_registry_name_that_is_also_a_file_here_is_ambiguous(fixture_models, tmp_path) -> None:
+    """A file named like a registry entry in the current directory silently won over the registry."""
+    write_config(tmp_path, f'[models.tiny]\npath = "{fixture_models.target}"\n')
+    shutil.copy(fixture_models.draft, tmp_path / "tiny")
+    proc = specli("run", "--target", "tiny", PROMPT, "-n", "2", "-t", "1", cwd=tmp_path)
+    assert_one_line_error(proc, 2, "'tiny' is both a model in models.toml and a file here", "./tiny")
+    for target in ("./tiny", str(fixture_models.target)):
+        proc = specli("run", "--target", target, PROMPT, "-n", "2", "-t", "1", "--json", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("foreign", ['[tool.other]\nname = "x"\n', "not = toml = at all\n",
+                                     '[models.m]\nweights = "m.bin"\n'])
+def test_another_tools_models_toml_here_does_not_block_paths(fixture_models, tmp_path, foreign) -> None:
+    """A models.toml of another schema in the current directory blocked a run that named only paths:
+    it is ignored with a note. It still counts where a name must be looked up, or given by --config."""
+    config = write_config(tmp_path, foreign)
+    paths = ["--target", str(fixture_models.target), "--draft", str(fixture_models.draft)]
+    proc = specli("run", *paths, PROMPT, "-n", "2", "-t", "1", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: ignoring models.toml:" in proc.stderr
+    check = specli("models", "check", str(fixture_models.target), str(fixture_models.draft), cwd=tmp_path)
+    assert check.returncode == 0 and "compatible" in check.stdout, check.stderr
+    for args in (["--target", "m", PROMPT], [*paths, PROMPT, "--config", str(config)]):
+        proc = specli("run", *args, "-n", "2", "-t", "1", cwd=tmp_path)
+        assert_one_line_error(proc, 1, "models.toml")
+
+
+def test_bench_pair_seeds_stay_seeds_run_takes(fixture_models, tmp_path) -> None:
+    """`bench -s 4294967295 --repeat 2` gave the second pair seed 4294967296, which `run` refuses, so
+    that pair could not be reproduced: seeds wrap within the seed range, and each pair's output is
+    what `run --seed` prints."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PROMPT + "\n")
+    out = tmp_path / "b.json"
+    proc = specli("bench", "--target", str(fixture_models.target), "--draft", str(fixture_models.draft),
+                  "--prompts", str(prompts), "-s", "4294967295", "--repeat", "2", "-k", "2", "--temp", "0.8",
+                  "-n", "8", "-t", "1", "--json", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted({r["seed"] for r in runs}) == [0, 4294967295]
+    for seed in (0, 4294967295):
+        again = specli("run", "--target", str(fixture_models.target), "--no-draft", PROMPT, "-s", str(seed),
+                       "--temp", "0.8", "-n", "8", "--ignore-eos", "-t", "1", "--json", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        tokens = json.loads(again.stdout)["tokens"]
+        crc = zlib.crc32(np.asarray(tokens, dtype=np.int64).tobytes())
+        assert {r["output_crc"] for r in runs if r["seed"] == seed} == {crc}, seed
 
 
 def test_seed_minus_one_is_random(fixture_models, tmp_path) -> None:

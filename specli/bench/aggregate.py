@@ -147,6 +147,11 @@ def bench_notes(result: BenchResult) -> list[tuple[str, str]]:
     load = m.get("load_average_start")
     if result.interrupted:
         notes.append(("warn", f"interrupted: only the {len(result.runs) // 2} pairs completed are counted"))
+    if result.k_capped:
+        asked = ", ".join(str(k) for k in result.k_capped)
+        limit = next(iter(result.k_capped.values()))
+        notes.append(("info", f"-k {asked} ran as k = {limit}: the target's recurrent state rolls back at "
+                              f"most {limit} positions, so no round drafts more"))
     if load is not None and threads and load > usable - threads + 0.5:
         plural = "s" if threads != 1 else ""
         notes.append(("warn", f"the machine was busy (load average {load:g} on {usable} CPUs, bench uses "

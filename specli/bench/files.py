@@ -32,7 +32,8 @@ def json_document(result: BenchResult) -> dict:
             "drafter": result.drafter,
         },
         "options": {
-            "ks": cfg.ks, "temperatures": cfg.temps, "max_tokens": s.max_tokens, "repeat": cfg.repeat,
+            "ks": cfg.ks, "ks_capped": {str(k): v for k, v in result.k_capped.items()},
+            "temperatures": cfg.temps, "max_tokens": s.max_tokens, "repeat": cfg.repeat,
             "n_ctx": s.ctx, "n_threads": result.target.n_threads if result.target else s.threads,
             "n_gpu_layers": s.gpu_layers, "seed": s.seed, "top_k": s.top_k, "top_p": s.top_p,
             "min_p": s.min_p, "draft_p_min": s.draft_p_min, "ngram": cfg.ngram,

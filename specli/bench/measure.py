@@ -100,6 +100,8 @@ def run_bench(config: BenchConfig, *, progress: BenchProgress | None = None) -> 
             result.draft = _model_info(loaded.draft_model)
         result.load_seconds = sum(m.load_seconds for m in (result.target, result.draft) if m is not None)
         result.drafter = loaded.drafter.name if loaded.drafter else "plain"
+        if loaded.drafter is not None:
+            result.k_capped = config.cap_ks(loaded.target.max_rollback)
 
         tokenized = [loaded.speculator.tokenize(p.text) for p in prompts]
         result.prompts = [{"name": p.name, "kind": p.kind, "tokens": len(t), "text": p.text}

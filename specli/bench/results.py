@@ -202,6 +202,7 @@ class BenchResult:
     interrupted: bool = False
     server_runs: list[ServerRunRecord] = field(default_factory=list)
     server_configs: list[ServerConfigResult] = field(default_factory=list)
+    k_capped: dict[int, int] = field(default_factory=dict)  # k asked -> k run (the target's rollback bound)
 
     @property
     def best(self) -> ConfigResult | None:

@@ -210,6 +210,9 @@ class BenchConfig:
     alternate_order: bool = True
     # Running OpenAI-compatible servers (bench.server.ServerTarget) to run beside the local pairs.
     servers: list = field(default_factory=list)
+    # The deepest draft the target can roll back (a recurrent/hybrid model's state snapshots), set by
+    # run_bench once the target is loaded; None: no bound below MAX_DRAFT_K.
+    k_limit: int | None = None
 
     @property
     def max_tokens(self) -> int:
@@ -240,8 +243,20 @@ class BenchConfig:
             self.settings = self.settings.seeded()
 
     def max_batch(self) -> int:
-        """The largest verify batch the runs can make: max k + 1 (auto may draft up to MAX_DRAFT_K)."""
-        return max(MAX_DRAFT_K if k == AUTO else int(k) for k in self.ks) + 1
+        """The largest verify batch the runs can make: max k + 1 (auto may draft up to MAX_DRAFT_K), no
+        more than the target can roll back."""
+        deepest = max(MAX_DRAFT_K if k == AUTO else int(k) for k in self.ks)
+        return min(deepest, self.k_limit if self.k_limit is not None else deepest) + 1
+
+    def cap_ks(self, limit: int) -> dict[int, int]:
+        """Cap the draft lengths at what the target can roll back (the engine drafts no more): each k is
+        labelled and predicted with the k its runs use. Returns {k asked: k used} for those capped."""
+        capped = {k: limit for k in self.ks if k != AUTO and int(k) > limit}
+        if limit < MAX_DRAFT_K:
+            self.k_limit = limit
+        if capped:
+            self.ks = list(dict.fromkeys(k if k == AUTO else min(int(k), limit) for k in self.ks))
+        return capped
 
     def run_settings(self, temperature: float, k: K) -> RunSettings:
         """The settings of one run of the bench: a temperature and a draft length."""

@@ -11,6 +11,7 @@ from typing import Any
 from specli.chat_template import ChatTemplate, ChatTemplateError
 from specli.llama import Model
 from specli.settings import RunSettings
+from specli.text import printable
 
 
 def special_text(model: Model, token: int) -> str:
@@ -28,7 +29,7 @@ def build_chat_template(model: Model) -> tuple[ChatTemplate, str | None]:
     vocab = model.vocab_info()
     bos, eos = special_text(model, vocab.bos), special_text(model, vocab.eos)
     source = model.chat_template()
-    name = model.path.name
+    name = printable(model.path.name)
     if source is None or not source.strip():
         return (ChatTemplate.from_strings(None, bos, eos),
                 f"{name} has no chat template: using ChatML (<|im_start|>role ... <|im_end|>)")

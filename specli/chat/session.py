@@ -192,6 +192,9 @@ class ChatSession:
         self.settings = options.settings
         self.stops: list[str] = list(self.format.stops)
         self.last_prompt: PreparedPrompt | None = None
+        if options.system and (problem := self.system_problem(options.system)):
+            # Refused now: every turn would fail, and /reset keeps the system message.
+            raise UsageProblem(f"--system {problem}")
 
     # -- facts -------------------------------------------------------------------------------------
 
@@ -214,6 +217,21 @@ class ChatSession:
     @property
     def system(self) -> str | None:
         return self.messages[0]["content"] if self.messages and self.messages[0]["role"] == "system" else None
+
+    def system_problem(self, text: str) -> str | None:
+        """Why `text` cannot be the system message (None: it can): with an empty user message it must
+        leave the reply its reserve of the context, since turns are dropped but it never is."""
+        messages = [{"role": "system", "content": text}, {"role": "user", "content": ""}]
+        try:
+            tokens = self.tokenize_prompt(self.template.render(messages, add_generation_prompt=True))
+        except ChatTemplateError:
+            return None  # the template's own problem: each turn says it
+        room = self.n_ctx - self.reply_reserve()
+        if len(tokens) <= room:
+            return None
+        return (f"is {len(tokens)} tokens in the chat template, but the context ({self.n_ctx}) keeps "
+                f"{self.reply_reserve()} for the reply and can give it at most {room}: shorten it, or "
+                "raise --ctx")
 
     def reply_reserve(self) -> int:
         """Context kept free for the reply: max_tokens, capped at a quarter of the context (at least 64)."""
@@ -347,6 +365,8 @@ class ChatSession:
         self.dropped = []
 
     def set_system(self, text: str) -> None:
+        if (problem := self.system_problem(text)) is not None:
+            raise ChatError(f"the system message {problem}")
         if self.system is not None:
             self.messages[0] = {"role": "system", "content": text}
         else:
