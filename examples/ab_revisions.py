@@ -39,8 +39,9 @@ def checkout(rev: str, where: Path) -> Path:
 
 
 def run_once(root: Path, args: list[str]) -> dict:
+    # From an empty directory: a models.toml here may hold keys the other revision does not know.
     proc = subprocess.run([sys.executable, "-c", RUNNER.format(root=str(root)), "run", *args, "--json"],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise SystemExit(f"{root}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
     return json.loads(proc.stdout)
