@@ -170,3 +170,28 @@ def test_llama_server_from_export_speculates_and_bench_reads_it(fixture_models, 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=20)
+
+
+def test_bench_reads_a_specli_server(fixture_models, tmp_path) -> None:
+    """`specli serve` reports llama-server's timings (draft_n, draft_n_accepted), so bench --server reads
+    its speculation as it reads llama-server's."""
+    from serve_support import ServerProcess
+
+    pair = ("-m", str(fixture_models.target), "--draft", str(fixture_models.draft))
+    with ServerProcess(*pair, "-k", "4", "-c", "512", "-t", "1", cwd=tmp_path) as server:
+        server.ready()
+        prompts = tmp_path / "prompts.txt"
+        prompts.write_text("Once upon a time\n")
+        out_json = tmp_path / "bench.json"
+        bench = runner.invoke(app, ["bench", *pair, "-k", "4", "--temp", "0", "-c", "512", "-t", "1",
+                                    "-n", "24", "--repeat", "2", "--prompts", str(prompts),
+                                    "--server", f"specli={server.url}", "--json", str(out_json)],
+                              catch_exceptions=False)
+        assert bench.exit_code == 0, bench.output
+        assert server.stop() == 0
+    doc = json.loads(out_json.read_text())
+    runs = doc["server_runs"]
+    assert len(runs) == 2 and all(r["server"] == "specli" and r["n_generated"] == 24 for r in runs)
+    assert all(r["tokens_per_second"] > 0 and r["ttft_seconds"] > 0 for r in runs)
+    [figures] = doc["server_configs"]
+    assert figures["drafted"] > 0 and 0 < figures["accepted"] <= figures["drafted"]
