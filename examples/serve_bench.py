@@ -12,7 +12,11 @@ Per pair it records:
   server tok/s     the server's `timings.predicted_per_second` (the same definition, in the server)
   streamed tok/s   at the client: tokens received after the first batch / time from it to the last
   TTFT             at the client: request sent to first text received (prompt cached or not: both)
-and the medians of each and of the per-pair ratios. Then a 5-turn chat through /v1/chat/completions
+and the medians of each and of the per-pair ratios. On a shared machine wall-clock rates swing by tens of
+percent from one minute to the next, so --cpu also measures what that noise does not touch: CPU seconds
+per generated token (use -t 1: no spinning worker threads), the server process's (its event loop and
+streaming included) against `specli run`'s, each less the same request for 1 token (load, prompt).
+Then a 5-turn chat through /v1/chat/completions
 (Gemma's chat template): per turn the prompt's tokens, how many were evaluated (`timings.prompt_n`)
 and how many the turn added (its prompt minus the previous prompt and reply).
 """
@@ -82,7 +86,7 @@ class Server:
 def start_server(config: Config, args: argparse.Namespace) -> Server:
     proc = subprocess.Popen(
         [EXE, "serve", "--target", str(config.target), "--draft", config.draft, "--host", "127.0.0.1",
-         "--port", "0", "-t", str(args.threads), "-c", str(args.ctx)],
+         "--port", "0", "-t", str(args.threads), "-c", str(args.ctx), "-k", args.k],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = None
     deadline = time.monotonic() + 300
@@ -101,11 +105,12 @@ def start_server(config: Config, args: argparse.Namespace) -> Server:
     return server
 
 
-def run_once(config: Config, args: argparse.Namespace, seed: int) -> tuple[float, str]:
+def run_once(config: Config, args: argparse.Namespace, seed: int,
+             max_tokens: int | None = None) -> tuple[float, str]:
     out = subprocess.run(
-        [EXE, "run", "--target", str(config.target), "--draft", config.draft, "-n", str(args.n),
+        [EXE, "run", "--target", str(config.target), "--draft", config.draft, "-n", str(max_tokens or args.n),
          "--temp", "0", "-s", str(seed), "--ignore-eos", "-t", str(args.threads), "-c", str(args.ctx),
-         "--json", config.prompt],
+         "-k", args.k, "--json", config.prompt],
         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     if out.returncode:
         raise SystemExit(out.stderr)
@@ -143,12 +148,86 @@ def serve_once(server: Server, config: Config, args: argparse.Namespace, seed: i
     return timings["predicted_per_second"], streamed, first_time - sent, "".join(parts)
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc (Linux)."""
+    return process_cpu_seconds_of(Path(f"/proc/{pid}/stat"))
+
+
+def process_cpu_seconds_of(stat: Path) -> float:
+    """User + system CPU seconds from a /proc stat file (a process's, or a thread's under task/)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def thread_split(config: Config, args: argparse.Namespace, server: Server) -> None:
+    """CPU seconds of each of the server's threads over one streamed request: the event loop's (HTTP,
+    JSON, server-sent events) against the generation thread's."""
+
+    def per_thread() -> dict[str, tuple[str, float]]:
+        out = {}
+        for task in Path(f"/proc/{server.proc.pid}/task").iterdir():
+            try:
+                name = (task / "comm").read_text().strip()
+                out[task.name] = (name, process_cpu_seconds_of(task / "stat"))
+            except OSError:  # the thread ended meanwhile
+                pass
+        return out
+
+    before = per_thread()
+    serve_once(server, config, args, 100)
+    after = per_thread()
+    spent = {f"{name} ({tid})": cpu - before.get(tid, (name, 0.0))[1] for tid, (name, cpu) in after.items()}
+    print("  CPU per thread over one request: " + ", ".join(
+        f"{k} {v:.2f} s" for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v > 0))
+
+
+def cpu_per_token(config: Config, args: argparse.Namespace, server: Server) -> None:
+    """CPU seconds per token: (CPU of an n-token generation - CPU of a 1-token one) / (n - 1), for the
+    server (its process, while it serves the request) and for `specli run` (the child's whole life)."""
+    n = args.n
+
+    def served(tokens: int) -> float:
+        before = process_cpu_seconds(server.proc.pid)
+        serve_once(server, config, args, 100, max_tokens=tokens)
+        return process_cpu_seconds(server.proc.pid) - before
+
+    def ran(tokens: int) -> float:
+        before = children_cpu_seconds()
+        run_once(config, args, 100, max_tokens=tokens)
+        return children_cpu_seconds() - before
+
+    server_costs, run_costs = [], []
+    for r in range(args.repeat):
+        order = [("serve", served), ("run", ran)] if r % 2 else [("run", ran), ("serve", served)]
+        for name, measure in order:
+            per_token = (measure(n) - measure(1)) / (n - 1)
+            (server_costs if name == "serve" else run_costs).append(per_token)
+    med = statistics.median
+    ratios = sorted(a / b for a, b in zip(server_costs, run_costs, strict=True))
+    listed = " ".join(f"{x:.3f}" for x in ratios)
+    print(f"  CPU per token (median of {args.repeat}): server {1000 * med(server_costs):.2f} ms · run "
+          f"{1000 * med(run_costs):.2f} ms · ratio server/run {med(ratios):.3f} (pairs, sorted: {listed}): "
+          f"where the CPU is the limit, the server runs at {1 / med(ratios):.3f}x run's rate")
+
+
 def bench_config(config: Config, args: argparse.Namespace) -> None:
-    print(f"\n== {config.name}: {config.target.name} + {config.draft}, -n {args.n}, temp 0, "
-          f"{args.repeat} interleaved pairs", flush=True)
+    print(f"\n== {config.name}: {config.target.name} + {config.draft}, -n {args.n}, -k {args.k}, temp 0, "
+          f"-t {args.threads}, {args.repeat} interleaved pairs", flush=True)
     server = start_server(config, args)
     try:
         serve_once(server, config, args, 0)  # warm-up: the first generation pays for cold caches
+        if args.cpu:
+            thread_split(config, args, server)
+            cpu_per_token(config, args, server)
+            if args.cpu_only:
+                return
         run_once(config, args, 0)
         pairs: list[Pair] = []
         for r in range(args.repeat):
@@ -170,7 +249,9 @@ def bench_config(config: Config, args: argparse.Namespace) -> None:
         med = statistics.median
         print(f"  median: run {med(p.run_rate for p in pairs):.1f} tok/s · server "
               f"{med(p.server_rate for p in pairs):.1f} · streamed {med(p.streamed_rate for p in pairs):.1f}")
-        print(f"  median ratio server/run {med(p.server_rate / p.run_rate for p in pairs):.3f} · "
+        ratios = sorted(p.server_rate / p.run_rate for p in pairs)
+        listed = " ".join(f"{r:.2f}" for r in ratios)
+        print(f"  median ratio server/run {med(ratios):.3f} (pairs, sorted: {listed}) · "
               f"streamed/run {med(p.streamed_rate / p.run_rate for p in pairs):.3f} · same text "
               f"{sum(p.same_text for p in pairs)}/{len(pairs)}")
         print(f"  TTFT median: {1000 * med(p.ttft for p in pairs):.1f} ms with the prompt cached, "
@@ -234,7 +315,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("-t", "--threads", type=int, default=0)
     parser.add_argument("-c", "--ctx", type=int, default=4096)
+    parser.add_argument("-k", default="auto", help="both sides' -k (auto: the server's learns as it goes)")
+    parser.add_argument("--cpu", action="store_true", help="also CPU seconds per token (Linux)")
+    parser.add_argument("--cpu-only", action="store_true", help="only CPU seconds per token")
     args = parser.parse_args()
+    args.cpu = args.cpu or args.cpu_only
     wanted = args.configs.split(",")
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
