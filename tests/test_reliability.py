@@ -360,6 +360,11 @@ BAD_OPTIONS = [
     (["--ngram"], "--ngram adds n-gram lookup to a draft model"),
     (["--draft", "ngram", "--ngram"], "--ngram adds n-gram lookup to a draft model"),
     (["--frobnicate"], "No such option"),
+    (["--target", ""], "the target (--target) is empty"),  # was ". is a directory"
+    (["--draft", ""], "the draft (--draft) is empty"),
+    (["--config", ""], "--config was given an empty file name"),
+    (["--stop", ""], "--stop must not be empty"),  # was silently ignored
+    (["--top-p", "nan"], "--top-p must be a number in (0, 1] (1: off), got nan"),  # was "should be <= 1"
 ]
 
 
@@ -381,6 +386,8 @@ def test_bad_options_are_one_line_usage_errors(fixture_models, tmp_path, args, f
         (["--draft", "ngram", "--ngram"], "--ngram"),
         (["--json", "/missing/dir/b.json"], "does not exist"),
         (["--csv", "."], "is a directory"),
+        (["--csv", ""], "--csv was given an empty file name"),
+        (["--prompts", ""], "--prompts was given an empty file name"),
     ],
 )
 def test_bench_options_exit_2_like_run(fixture_models, tmp_path, args, fragment) -> None:
@@ -538,6 +545,17 @@ def test_kv_cache_estimate_is_checked_against_memory(fixture_models, monkeypatch
         assert spec.target.n_ctx == 4096
     with pytest.raises(specli_llama.LlamaError, match="at most about 4096 here"):
         load(fixture_models.target, None, n_ctx=4097, n_threads=1)
+
+
+def test_empty_and_unprintable_names_are_said_as_such(fixture_models, tmp_path) -> None:
+    """An empty model name became the path '.' ("is a directory"); a name with a newline or escape codes
+    broke the one line, or drove the terminal."""
+    for args in (["models", "check", "", str(fixture_models.target)], ["chat", "", "--no-history"],
+                 ["chat", "--target", "", "--no-history"]):
+        proc = specli(*args, cwd=tmp_path, input="hi\n")
+        assert_one_line_error(proc, 2, "is empty: give a .gguf path or a models.toml name")
+    proc = specli("run", "--target", "a\nb\x1b[31m.gguf", PROMPT, cwd=tmp_path)
+    assert_one_line_error(proc, 1, "a\\nb\\x1b[31m.gguf: no such file")
 
 
 def test_usage_errors_of_the_parser_are_one_line(fixture_models, tmp_path) -> None:
