@@ -78,7 +78,7 @@ def test_no_import_circles() -> None:
 
 CORE = ("llama", "sampling", "verify", "drafters.base", "drafters.model", "drafters.ngram", "drafters.mtp",
         "drafters.combined", "drafters.registry", "policy", "proposer", "costs", "engine", "api", "settings",
-        "runplan", "config", "signals")
+        "runplan", "config", "signals", "text")
 
 
 @pytest.mark.parametrize("module", ["specli", "specli.api", *(f"specli.{m}" for m in CORE)])
