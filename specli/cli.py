@@ -89,6 +89,20 @@ ThreadsOpt = setting_option("threads", "-t", "--threads")
 GpuLayersOpt = setting_option("gpu_layers", "-ngl", "--gpu-layers")
 VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's own log.")
 ConfigOpt = typer.Option(None, "--config", metavar="FILE", help="models.toml to look names up in.")
+# chat and serve take the target as an argument or as --target, once.
+TargetNameArg = typer.Argument(
+    None, metavar="MODEL", help="Target: a models.toml name or .gguf path (or use --target)."
+)
+TargetNameOpt = typer.Option(
+    None, "--target", "-m", metavar="MODEL", help="Target model: a .gguf path or a name."
+)
+
+
+def one_target(name: str | None, target: str | None, command: str) -> None:
+    if (name is None) == (target is None):
+        raise UsageProblem(
+            f"give the target once: `specli {command} NAME` or `specli {command} --target FILE`"
+        )
 
 
 def _load(plan: Plan, *, verbose: bool, err: Console) -> Speculator:
@@ -377,12 +391,8 @@ def _write_failure(problems: list[str]) -> typer.Exit:
 @app.command()
 def chat(
     context: typer.Context,
-    name: str | None = typer.Argument(
-        None, metavar="MODEL", help="Target: a models.toml name or .gguf path (or use --target)."
-    ),
-    target: str | None = typer.Option(
-        None, "--target", "-m", metavar="MODEL", help="Target model: a .gguf path or a name."
-    ),
+    name: str | None = TargetNameArg,
+    target: str | None = TargetNameOpt,
     draft: str | None = DraftOpt,
     no_draft: bool = NoDraftOpt,
     system: str | None = typer.Option(None, "--system", metavar="TEXT", help="The system message."),
@@ -419,8 +429,7 @@ def chat(
     err = make_console(stderr=True)
     with friendly_errors():
         flags = given_settings(context)
-        if (name is None) == (target is None):
-            raise UsageProblem("give the target once: `specli chat NAME` or `specli chat --target FILE`")
+        one_target(name, target, "chat")
         if system is not None:
             valid_text(system, "--system")
         plan = plan_run("chat", name if name is not None else target, draft, no_draft=no_draft, ngram=ngram,
@@ -436,12 +445,8 @@ def chat(
 @app.command()
 def serve(
     context: typer.Context,
-    name: str | None = typer.Argument(
-        None, metavar="MODEL", help="Target: a models.toml name or .gguf path (or use --target)."
-    ),
-    target: str | None = typer.Option(
-        None, "--target", "-m", metavar="MODEL", help="Target model: a .gguf path or a name."
-    ),
+    name: str | None = TargetNameArg,
+    target: str | None = TargetNameOpt,
     draft: str | None = DraftOpt,
     no_draft: bool = NoDraftOpt,
     ngram: bool = NgramOpt,
@@ -496,8 +501,7 @@ def serve(
     err = make_console(stderr=True)
     with friendly_errors():
         flags = given_settings(context)
-        if (name is None) == (target is None):
-            raise UsageProblem("give the target once: `specli serve NAME` or `specli serve --target FILE`")
+        one_target(name, target, "serve")
         if alias is not None and not valid_text(alias, "--alias").strip():
             raise UsageProblem("--alias is empty: give the name clients should use for the model")
         if api_key is not None:
