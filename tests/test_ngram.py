@@ -105,7 +105,21 @@ def test_a_long_match_picks_the_passage_being_copied_over_the_frequent_continuat
     draft = d.draft(context, 8)
     assert draft.tokens == passage[10:18]
     assert d.last_match_len >= 10
-    assert draft.confidence == [0.5] * 8  # one occurrence: as sure as a single sighting
+    # One occurrence: as sure as a single sighting, times the share 9 took after (1, 2, 3, 4) (one
+    # in four): where the short context forked before, a long match is less sure.
+    assert draft.confidence == [0.5 / 4] + [0.5] * 7
+
+
+def test_a_long_match_is_unsure_where_its_short_context_forked_before() -> None:
+    """The counter of a repeated line: the last LONG_N tokens occurred once (followed by 5), but their
+    last n_max tokens were followed by 5 once and by 6 once, so the copy's first token is half as
+    sure as where they never forked. The token is the long match's either way."""
+    a, b, tail = list(range(10, 18)), list(range(20, 28)), [100, 101, 102, 103]
+    forked = [*a, *tail, 5, *b, *tail, 6, *a, *tail]
+    clean = [*a, *tail, 5, *b, 104, 105, 106, 107, 6, *a, *tail]
+    unsure, sure = drafter(forked).draft(forked, 1), drafter(clean).draft(clean, 1)
+    assert unsure.tokens == sure.tokens == [5]
+    assert sure.confidence == [0.5] and unsure.confidence == [0.25]
 
 
 def test_a_long_copy_is_drafted_as_far_as_asked() -> None:

@@ -100,16 +100,31 @@ class NGramDrafter(Drafter):
     @staticmethod
     def _follow_occurrences(seq: list[int], followers: list[int], match: int) -> tuple[int, float, list[int]]:
         """The next token of a long copy: what the followed occurrences continue with (the most
-        recent on a tie), its confidence (its lead among them, shrunk towards 0 for few of them), and
-        the occurrences that agree with it."""
+        recent on a tie), its confidence, and the occurrences that agree with it.
+
+        Confidence is the winner's lead among the occurrences, shrunk towards 0 for few of them and
+        for a short match: (agree - runner-up) / (occurrences + LONG_N / match). One sighting of an
+        8-token match is 1/2, as a single sighting of a count; of a 32-token match 4/5. A copy that
+        goes on grows its match by one per token, so its later positions are surer than its first:
+        a fresh match of a few tokens (code's recurring `def ...(self) -> ...:` lines) diverges far
+        more often than a passage already copied for dozens, and the calibration can only learn
+        that if their confidences differ."""
         votes: dict[int, list[int]] = {}
         for pos in followers:
             votes.setdefault(seq[pos], []).append(pos)
         token, agree = max(votes.items(), key=lambda item: (len(item[1]), item[1][-1]))
         runner_up = max((len(v) for t, v in votes.items() if t != token), default=0)
-        # As the counts' confidence: one sighting, however long its match, is not a sure thing (a line
-        # that repeats with a counter in it follows its one earlier occurrence up to the counter).
         return token, (len(agree) - runner_up) / (len(followers) + 1), agree
+
+    def _share(self, seq: list[int], token: int) -> float:
+        """The share `token` took of what followed the last n_max tokens of `seq` so far (1 if they
+        were never seen): a short context that forked before (the counter of a repeated line, a
+        method name after `def`) is where a long match stops being copied, however long it is."""
+        seen = self._follow[self.n_max].get(tuple(seq[-self.n_max :]))
+        if not seen:
+            return 1.0
+        total = sum(c for c, _ in seen.values())
+        return seen[token][0] / total if token in seen else 0.0
 
     def _next(self, tail: list[int]) -> tuple[int, int, float] | None:
         """(token, n, confidence): the confident continuation of the longest n-gram ending `tail`,
@@ -152,6 +167,7 @@ class NGramDrafter(Drafter):
         followers, match = self._occurrences(seq)
         while followers and len(proposal) < k:
             token, sure, agree = self._follow_occurrences(seq, followers, match)
+            sure *= self._share(seq, token)
             first_n = first_n or match
             proposal.append(token)
             confidence.append(sure)
