@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from specli.drafters.ngram import NGramDrafter
+import pytest
+
+from specli.drafters.ngram import LONG_N, NGramDrafter
 from specli.sampling import Noise, Sampler, SamplingParams
 
 
@@ -104,22 +106,27 @@ def test_a_long_match_picks_the_passage_being_copied_over_the_frequent_continuat
     d = drafter(context)
     draft = d.draft(context, 8)
     assert draft.tokens == passage[10:18]
-    assert d.last_match_len >= 10
-    # One occurrence: as sure as a single sighting, times the share 9 took after (1, 2, 3, 4) (one
-    # in four): where the short context forked before, a long match is less sure.
-    assert draft.confidence == [0.5 / 4] + [0.5] * 7
+    assert d.last_match_len == 10
+    # One occurrence: as sure as a single sighting, times the share 9 took after (1, 2, 3, 4) (one in
+    # four), weighed by the match (LONG_N / 10): where the short context forked before it is less sure.
+    assert draft.confidence == pytest.approx([0.5 * 0.25 ** (LONG_N / 10)] + [0.5] * 7)
 
 
 def test_a_long_match_is_unsure_where_its_short_context_forked_before() -> None:
     """The counter of a repeated line: the last LONG_N tokens occurred once (followed by 5), but their
     last n_max tokens were followed by 5 once and by 6 once, so the copy's first token is half as
-    sure as where they never forked. The token is the long match's either way."""
-    a, b, tail = list(range(10, 18)), list(range(20, 28)), [100, 101, 102, 103]
-    forked = [*a, *tail, 5, *b, *tail, 6, *a, *tail]
-    clean = [*a, *tail, 5, *b, 104, 105, 106, 107, 6, *a, *tail]
-    unsure, sure = drafter(forked).draft(forked, 1), drafter(clean).draft(clean, 1)
-    assert unsure.tokens == sure.tokens == [5]
-    assert sure.confidence == [0.5] and unsure.confidence == [0.25]
+    sure as where they never forked; the longer the match, the less the fork weighs. The token is the
+    long match's either way."""
+    def first(context: list[int]) -> tuple[list[int], float]:
+        draft = drafter(context).draft(context, 1)
+        return draft.tokens, draft.confidence[0]
+
+    a, b, tail = list(range(10, 14)), list(range(20, 24)), [100, 101, 102, 103]
+    assert first([*a, *tail, 5, *b, *tail, 6, 7, *a, *tail]) == ([5], 0.25)  # an 8-token match
+    assert first([*a, *tail, 5, *b, 104, 105, 106, 107, 6, 7, *a, *tail]) == ([5], 0.5)  # no fork
+    longer = list(range(30, 42))  # a 16-token match
+    tokens, sure = first([*longer, *tail, 5, *b, *tail, 6, 7, *longer, *tail])
+    assert tokens == [5] and sure == pytest.approx(0.5 * 0.5 ** (LONG_N / 16))
 
 
 def test_a_long_copy_is_drafted_as_far_as_asked() -> None:

@@ -119,7 +119,7 @@ class NGramDrafter(Drafter):
     def _share(self, seq: list[int], token: int) -> float:
         """The share `token` took of what followed the last n_max tokens of `seq` so far (1 if they
         were never seen): a short context that forked before (the counter of a repeated line, a
-        method name after `def`) is where a long match stops being copied, however long it is."""
+        method name after `def`) is where a short long-match often stops being copied."""
         seen = self._follow[self.n_max].get(tuple(seq[-self.n_max :]))
         if not seen:
             return 1.0
@@ -167,7 +167,9 @@ class NGramDrafter(Drafter):
         followers, match = self._occurrences(seq)
         while followers and len(proposal) < k:
             token, sure, agree = self._follow_occurrences(seq, followers, match)
-            sure *= self._share(seq, token)
+            # The short context's fork weighs less the longer the match: a passage copied for 40 tokens
+            # goes on through a 4-gram it shares with other sentences, a fresh 8-token match may not.
+            sure *= self._share(seq, token) ** (LONG_N / max(match, LONG_N))
             first_n = first_n or match
             proposal.append(token)
             confidence.append(sure)
