@@ -1,7 +1,7 @@
 """specli's defaults side by side with llama-server's speculative types, interleaved, on one machine.
 
     python examples/compare_llama_server.py [--target T.gguf] [--draft D.gguf] [-n 256] [--repeat 3]
-        [--temp 0,0.8] [--prompt NAME ...] [-t 2] [--json out.json]
+        [--temp 0,0.8] [--prompt NAME ...] [--defaults-only] [-t 2] [--json out.json]
 
 Build llama-server first (examples/build_llama_tools.sh builds it from the llama.cpp that
 llama-cpp-python vendors). Every server listens on 127.0.0.1 on a free port; all are started at once
@@ -9,6 +9,13 @@ llama-cpp-python vendors). Every server listens on 127.0.0.1 on a free port; all
 order. Without --draft: `specli run --draft ngram` (its defaults: -k auto) against llama-server's
 ngram-mod, ngram-map-k and ngram-simple, each at its defaults and at --spec-draft-n-max 8. With
 --draft: `specli run --draft D` against draft-simple at --spec-draft-n-max 2, 4 and 8.
+
+Every generation starts from nothing learned, as `specli run` does: ngram-mod keeps its n-gram table
+across requests (llama.cpp common/speculative.cpp: "shared across all sequences", not reset by
+begin()), so without a restart the second run of a prompt drafts the first one's answer (on the
+large-vocabulary model: 496/496 drafts accepted where no other type found one match). Its servers
+are restarted before each request; ngram-simple is stateless and ngram-map-k rebuilds its map from
+the prompt.
 
 Rates, both over the whole generation with the prompt excluded: specli's GenerationStats tokens/s
 (`specli run --json`), the server's own timings.predicted_per_second. Every run ignores EOS and uses
@@ -32,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import GEMMA_HINT, find_tool, gemma_path  # noqa: E402
 from compare_llamacpp import PROMPTS  # noqa: E402
 
+# Spec types whose state outlives a request (their servers are restarted before each one).
+KEEPS_STATE = ("ngram-mod",)
 NGRAM_CONFIGS = [
     ("ngram-mod", ["--spec-type", "ngram-mod"]),
     ("ngram-mod n8", ["--spec-type", "ngram-mod", "--spec-draft-n-max", "8"]),
@@ -56,13 +65,24 @@ def free_port() -> int:
 class Server:
     def __init__(self, binary: Path, target: str, label: str, flags: list[str], threads: int,
                  ctx: int) -> None:
-        self.label, self.port = label, free_port()
+        self.label = label
+        self.keeps_state = any(flags[i + 1] in KEEPS_STATE for i, f in enumerate(flags) if f == "--spec-type")
+        self._argv = [str(binary), "-m", target, "--host", "127.0.0.1", "-t", str(threads), "-c", str(ctx),
+                      "-np", "1", "--no-webui", *flags]
+        self._start()
+
+    def _start(self) -> None:
+        self.port = free_port()
         self.log = open(f"/tmp/llama-server-{self.port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [str(binary), "-m", target, "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
-             "-c", str(ctx), "-np", "1", "--no-webui", *flags],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )
+        self.proc = subprocess.Popen([*self._argv, "--port", str(self.port)], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+
+    def fresh(self) -> None:
+        """Forget what earlier requests taught the drafter (a restart), if its type keeps anything."""
+        if self.keeps_state:
+            self.stop()
+            self._start()
+            self.wait()
 
     def wait(self, seconds: float = 180.0) -> None:
         deadline = time.monotonic() + seconds
@@ -121,6 +141,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--temp", default="0,0.8")
     ap.add_argument("--prompt", action="append", choices=sorted(PROMPTS))
+    ap.add_argument("--defaults-only", action="store_true",
+                    help="each type at its defaults only (no --spec-draft-n-max 8 variants)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=4096)
     ap.add_argument("--json", dest="json_path")
@@ -132,6 +154,8 @@ def main() -> None:
     if target is None:
         raise SystemExit(GEMMA_HINT)
     configs = draft_configs(opts.draft) if opts.draft else NGRAM_CONFIGS
+    if opts.defaults_only and not opts.draft:
+        configs = [(label, flags) for label, flags in configs if "--spec-draft-n-max" not in flags]
     servers = [Server(binary, target, label, flags, opts.threads, opts.ctx) for label, flags in configs]
     rows = []
     try:
@@ -154,6 +178,7 @@ def main() -> None:
                                              seed, opts.threads, opts.ctx)
                         else:
                             server = next(s for s in servers if s.label == lab)
+                            server.fresh()
                             got = server.complete(PROMPTS[name], opts.n, temp, seed)
                         samples[lab].append(got)
                 medians = {lab: statistics.median(g["tps"] for g in samples[lab]) for lab in labels}

@@ -7,8 +7,10 @@ Long copies first (as llama-server's ngram-mod): when the context's last LONG_N 
 the earlier occurrences are followed, token by token, for as long as they agree: a match of LONG_N
 tokens pinpoints which earlier passage is being copied where a short n-gram is ambiguous ("of the" is
 followed by many things). Confidence is the winning continuation's lead among the occurrences still
-followed, as for the counts below; where they fork the lead falls, and the losers are dropped. When
-no occurrence is left, counts take over:
+followed, as for the counts below; where they fork the lead falls, and the losers are dropped. It is
+lower where the last n_max tokens were followed by other tokens before (a line's counter, code's
+recurring method headers), the less so the longer the match. When no occurrence is left, counts take
+over:
 
 For each n (n_max down to n_min) the drafter counts which token followed every n-gram of the
 prompt and output so far (updated incrementally as the context grows: O(n_max) per token). A draft
