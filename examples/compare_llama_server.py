@@ -1,13 +1,13 @@
 """specli's defaults side by side with llama-server's speculative types, interleaved, on one machine.
 
     python examples/compare_llama_server.py [--target T.gguf] [--draft D.gguf] [-n 256] [--repeat 3]
-        [--temp 0,0.8] [--prompt NAME ...] [--defaults-only] [-t 2] [--json out.json]
+        [--temp 0,0.8] [--prompt NAME ...] [--defaults-only | --n8-only] [-t 2] [--json out.json]
 
 Build llama-server first (examples/build_llama_tools.sh builds it from the llama.cpp that
 llama-cpp-python vendors). Every server listens on 127.0.0.1 on a free port; all are started at once
 (idle ones cost no CPU) so each repetition runs specli and every server back to back, in a rotating
 order. Without --draft: `specli run --draft ngram` (its defaults: -k auto) against llama-server's
-ngram-mod, ngram-map-k and ngram-simple, each at its defaults and at --spec-draft-n-max 8. With
+ngram-mod, ngram-map-k and ngram-simple, each at its defaults and drafting at most 8. With
 --draft: `specli run --draft D` against draft-simple at --spec-draft-n-max 2, 4 and 8.
 
 Every generation starts from nothing learned, as `specli run` does: ngram-mod keeps its n-gram table
@@ -43,11 +43,16 @@ from compare_llamacpp import PROMPTS  # noqa: E402
 KEEPS_STATE = ("ngram-mod",)
 NGRAM_CONFIGS = [
     ("ngram-mod", ["--spec-type", "ngram-mod"]),
-    ("ngram-mod n8", ["--spec-type", "ngram-mod", "--spec-draft-n-max", "8"]),
+    # --spec-draft-n-max is a draft model's: each n-gram type has its own length flags. ngram-mod
+    # drops a draft shorter than its n-min (default 48), so n8 lowers that too.
+    ("ngram-mod n8", ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "8",
+                      "--spec-ngram-mod-n-min", "8"]),
     ("ngram-map-k", ["--spec-type", "ngram-map-k"]),
-    ("ngram-map-k n8", ["--spec-type", "ngram-map-k", "--spec-draft-n-max", "8"]),
+    ("ngram-map-k n8", ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-m", "8"]),
     ("ngram-simple", ["--spec-type", "ngram-simple"]),
-    ("ngram-simple n8", ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"]),
+    # ngram-simple drafts nothing shorter than its pattern (size-n, default 12): an 8-token pattern.
+    ("ngram-simple n8", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "8",
+                         "--spec-ngram-simple-size-m", "8"]),
 ]
 
 
@@ -141,8 +146,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--temp", default="0,0.8")
     ap.add_argument("--prompt", action="append", choices=sorted(PROMPTS))
-    ap.add_argument("--defaults-only", action="store_true",
-                    help="each type at its defaults only (no --spec-draft-n-max 8 variants)")
+    ap.add_argument("--defaults-only", action="store_true", help="each type at its defaults only (no n8)")
+    ap.add_argument("--n8-only", action="store_true", help="each type drafting at most 8 only")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=4096)
     ap.add_argument("--json", dest="json_path")
@@ -154,8 +159,8 @@ def main() -> None:
     if target is None:
         raise SystemExit(GEMMA_HINT)
     configs = draft_configs(opts.draft) if opts.draft else NGRAM_CONFIGS
-    if opts.defaults_only and not opts.draft:
-        configs = [(label, flags) for label, flags in configs if "--spec-draft-n-max" not in flags]
+    if not opts.draft and (opts.defaults_only or opts.n8_only):
+        configs = [(label, flags) for label, flags in configs if label.endswith(" n8") == opts.n8_only]
     servers = [Server(binary, target, label, flags, opts.threads, opts.ctx) for label, flags in configs]
     rows = []
     try:
