@@ -102,15 +102,11 @@ class NGramDrafter(Drafter):
     @staticmethod
     def _follow_occurrences(seq: list[int], followers: list[int], match: int) -> tuple[int, float, list[int]]:
         """The next token of a long copy: what the followed occurrences continue with (the most
-        recent on a tie), its confidence, and the occurrences that agree with it.
-
-        Confidence is the winner's lead among the occurrences, shrunk towards 0 for few of them and
-        for a short match: (agree - runner-up) / (occurrences + LONG_N / match). One sighting of an
-        8-token match is 1/2, as a single sighting of a count; of a 32-token match 4/5. A copy that
-        goes on grows its match by one per token, so its later positions are surer than its first:
-        a fresh match of a few tokens (code's recurring `def ...(self) -> ...:` lines) diverges far
-        more often than a passage already copied for dozens, and the calibration can only learn
-        that if their confidences differ."""
+        recent on a tie), its confidence (its lead among them, shrunk towards 0 for few of them), and
+        the occurrences that agree with it. As the counts' confidence: one sighting, however long its
+        match, is not a sure thing (a line that repeats with a counter in it follows its one earlier
+        occurrence up to the counter). Confidence from the match length alone (1 / (1 + LONG_N /
+        match)) made such counters look sure and cost Gemma's repetitive prompt ~30 %."""
         votes: dict[int, list[int]] = {}
         for pos in followers:
             votes.setdefault(seq[pos], []).append(pos)
@@ -121,7 +117,7 @@ class NGramDrafter(Drafter):
     def _share(self, seq: list[int], token: int) -> float:
         """The share `token` took of what followed the last n_max tokens of `seq` so far (1 if they
         were never seen): a short context that forked before (the counter of a repeated line, a
-        method name after `def`) is where a short long-match often stops being copied."""
+        method name after `def`) is where a short match often stops being copied."""
         seen = self._follow[self.n_max].get(tuple(seq[-self.n_max :]))
         if not seen:
             return 1.0
