@@ -101,15 +101,16 @@ def test_a_long_match_picks_the_passage_being_copied_over_the_frequent_continuat
     """(1, 2, 3, 4) is followed by 5 three times and by 9 once; the context is copying the passage
     where it was followed by 9, which a long match pinpoints, and it drafts that passage whole."""
     common = [1, 2, 3, 4, 5]
-    passage = [20, 21, 22, 23, 24, 25, 1, 2, 3, 4, 9, 30, 31, 32, 33, 34, 35, 36]
-    context = [*common, 50, *common, 51, *common, 52, *passage, 60, *passage[:10]]
+    passage = [*range(20, 20 + LONG_N), 1, 2, 3, 4, 9, 30, 31, 32, 33, 34, 35, 36]
+    n = LONG_N + 4  # copied so far: the passage up to (1, 2, 3, 4)
+    context = [*common, 50, *common, 51, *common, 52, *passage, 60, *passage[:n]]
     d = drafter(context)
     draft = d.draft(context, 8)
-    assert draft.tokens == passage[10:18]
-    assert d.last_match_len == 10
+    assert draft.tokens == passage[n : n + 8]
+    assert d.last_match_len == n
     # One occurrence: as sure as a single sighting, times the share 9 took after (1, 2, 3, 4) (one in
-    # four), weighed by the match (LONG_N / 10): where the short context forked before it is less sure.
-    assert draft.confidence == pytest.approx([0.5 * 0.25 ** (LONG_N / 10)] + [0.5] * 7)
+    # four), weighed by the match (LONG_N / n): where the short context forked before it is less sure.
+    assert draft.confidence == pytest.approx([0.5 * 0.25 ** (LONG_N / n)] + [0.5] * 7)
 
 
 def test_a_long_match_is_unsure_where_its_short_context_forked_before() -> None:
@@ -121,12 +122,13 @@ def test_a_long_match_is_unsure_where_its_short_context_forked_before() -> None:
         draft = drafter(context).draft(context, 1)
         return draft.tokens, draft.confidence[0]
 
-    a, b, tail = list(range(10, 14)), list(range(20, 24)), [100, 101, 102, 103]
-    assert first([*a, *tail, 5, *b, *tail, 6, 7, *a, *tail]) == ([5], 0.25)  # an 8-token match
+    tail = [100, 101, 102, 103]
+    a, b = list(range(10, 10 + LONG_N - 4)), list(range(40, 40 + LONG_N - 4))
+    assert first([*a, *tail, 5, *b, *tail, 6, 7, *a, *tail]) == ([5], 0.25)  # a LONG_N-token match
     assert first([*a, *tail, 5, *b, 104, 105, 106, 107, 6, 7, *a, *tail]) == ([5], 0.5)  # no fork
-    longer = list(range(30, 42))  # a 16-token match
+    longer = list(range(50, 50 + 2 * LONG_N - 4))  # a match of 2 LONG_N tokens
     tokens, sure = first([*longer, *tail, 5, *b, *tail, 6, 7, *longer, *tail])
-    assert tokens == [5] and sure == pytest.approx(0.5 * 0.5 ** (LONG_N / 16))
+    assert tokens == [5] and sure == pytest.approx(0.5 * 0.5 ** 0.5)
 
 
 def test_a_long_copy_is_drafted_as_far_as_asked() -> None:
