@@ -1,9 +1,13 @@
-"""Helpers shared by compare_llamacpp.py and overhead.py: where Gemma 3 270M and llama.cpp's tools are."""
+"""Helpers shared by the benchmark scripts: where Gemma 3 270M and llama.cpp's tools are, and a
+llama-server's lifecycle (wait until healthy, stop)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 GEMMA_HINT = (
@@ -38,3 +42,30 @@ def find_tool(name: str, directory: Path | None = None) -> Path | None:
         return candidate
     found = shutil.which(name)
     return Path(found) if found else None
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, label: str = "llama-server",
+                 seconds: float = 180.0) -> None:
+    """Poll `url`/health until it answers 200; exit with a message if the server dies or never does."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{label}: exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise SystemExit(f"{label}: not healthy after {seconds:.0f} s")
+
+
+def stop_process(proc: subprocess.Popen, seconds: float = 30.0) -> None:
+    """Terminate, then kill if it does not exit within `seconds`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=seconds)

@@ -31,12 +31,11 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import GEMMA_HINT, find_tool, gemma_path  # noqa: E402
+from _bench_common import GEMMA_HINT, find_tool, gemma_path, stop_process, wait_healthy  # noqa: E402
 from compare_llamacpp import PROMPTS  # noqa: E402
 
 # Spec types whose state outlives a request (their servers are restarted before each one).
@@ -89,20 +88,8 @@ class Server:
             self._start()
             self.wait()
 
-    def wait(self, seconds: float = 180.0) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.label}: llama-server exited ({self.proc.returncode}); "
-                                 f"see {self.log.name}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise SystemExit(f"{self.label}: not ready after {seconds:.0f} s")
+    def wait(self) -> None:
+        wait_healthy(self.proc, f"http://127.0.0.1:{self.port}", f"{self.label} (log: {self.log.name})")
 
     def complete(self, prompt: str, n: int, temp: float, seed: int) -> dict:
         body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": temp, "seed": seed,
@@ -116,11 +103,7 @@ class Server:
                 "accepted": timings.get("draft_n_accepted", 0)}
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc, 10)
         self.log.close()
 
 

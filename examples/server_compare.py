@@ -21,12 +21,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import find_tool, gemma_path  # noqa: E402
+from _bench_common import find_tool, gemma_path, stop_process, wait_healthy  # noqa: E402
 
 
 def free_port() -> int:
@@ -38,21 +36,6 @@ def free_port() -> int:
 def specli(*args: str) -> subprocess.CompletedProcess:
     exe = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
     return subprocess.run([exe, *args], capture_output=True, text=True, check=True)
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, seconds: float = 180.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"llama-server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("llama-server did not become healthy")
 
 
 def run_setup(name: str, pair: list[str], args: argparse.Namespace, server_bin: Path, work: Path) -> dict:
@@ -72,12 +55,7 @@ def run_setup(name: str, pair: list[str], args: argparse.Namespace, server_bin: 
                "--server", f"llama-server={url}", "--json", str(out))
         return json.loads(out.read_text())
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop_process(proc, 30)
         log.close()
 
 
