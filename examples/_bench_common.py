@@ -35,6 +35,17 @@ def tools_dir() -> Path:
     return Path(cache).expanduser() / "bin"
 
 
+def no_repack_flags(tool: str) -> list[str]:
+    """llama.cpp's flags for loading weights as specli does (llama.ModelOptions.repack): no repacking
+    on CPUs with AMX, where llama.cpp's AMX kernels crash on batches (specli.llama.cpu_has_amx);
+    nothing elsewhere. llama-bench spells it `--repack 0`, the other tools `--no-repack`."""
+    from specli.llama import cpu_has_amx
+
+    if not cpu_has_amx():
+        return []
+    return ["--repack", "0"] if tool == "llama-bench" else ["--no-repack"]
+
+
 def find_tool(name: str, directory: Path | None = None) -> Path | None:
     """A llama.cpp binary: in `directory` (default: the build script's cache), else on PATH."""
     candidate = (directory or tools_dir()) / name

@@ -35,7 +35,14 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import GEMMA_HINT, find_tool, gemma_path, stop_process, wait_healthy  # noqa: E402
+from _bench_common import (  # noqa: E402
+    GEMMA_HINT,
+    find_tool,
+    gemma_path,
+    no_repack_flags,
+    stop_process,
+    wait_healthy,
+)
 from compare_llamacpp import PROMPTS  # noqa: E402
 
 # Spec types whose state outlives a request (their servers are restarted before each one).
@@ -72,7 +79,7 @@ class Server:
         self.label = label
         self.keeps_state = any(flags[i + 1] in KEEPS_STATE for i, f in enumerate(flags) if f == "--spec-type")
         self._argv = [str(binary), "-m", target, "--host", "127.0.0.1", "-t", str(threads), "-c", str(ctx),
-                      "-np", "1", "--no-webui", *flags]
+                      "-np", "1", "--no-webui", *no_repack_flags("llama-server"), *flags]
         self._start()
 
     def _start(self) -> None:

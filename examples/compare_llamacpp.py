@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import GEMMA_HINT, find_tool, gemma_path, tools_dir  # noqa: E402
+from _bench_common import GEMMA_HINT, find_tool, gemma_path, no_repack_flags, tools_dir  # noqa: E402
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
 from specli.api import Speculator  # noqa: E402
@@ -187,7 +187,8 @@ def run_tool(cmd: list[str], timeout: float = 900) -> tuple[str, str]:
 
 def llama_bench_tg(tool: Path, model: Path, n: int, threads: int) -> float:
     out, _ = run_tool(
-        [str(tool), "-m", str(model), "-p", "0", "-n", str(n), "-t", str(threads), "-r", "1", "-o", "json"]
+        [str(tool), "-m", str(model), "-p", "0", "-n", str(n), "-t", str(threads), "-r", "1", "-o", "json",
+         *no_repack_flags("llama-bench")]
     )
     rows = json.loads(out)
     tg = [r for r in rows if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
@@ -235,6 +236,7 @@ def spec_tool_cmd(tool: Path, model: Path, prompt: str, n: int, threads: int, k:
         "0",
         "--spec-draft-n-max",
         str(k),
+        *no_repack_flags(Path(tool).name),
     ]
 
 

@@ -82,6 +82,26 @@ MAX_CONTEXT = 2**32 - CONTEXT_PADDING
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
 
 
+def cpu_has_amx() -> bool:
+    """Whether the CPU advertises Intel AMX (Linux). llama.cpp's AMX matrix kernels, which repacked
+    weights use for batches of more than one token, crash there on some Xeons (llama.cpp issue
+    #20824; seen on the 2-core Xeon machines this project is developed on: every verify batch of a
+    K-quant or Q8_0 model, and llama-bench's prompt test), so specli does not repack on such CPUs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_int8" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def repacks(opts: ModelOptions) -> bool:
+    """Whether llama.cpp repacks the weights of a model loaded with `opts`."""
+    return opts.repack if opts.repack is not None else not cpu_has_amx()
+
+
 def available_memory() -> int | None:
     """Bytes of memory a new allocation can get without swapping (Linux MemAvailable), or None."""
     try:
@@ -116,6 +136,9 @@ class ModelOptions:
     # Load the GGUF's MTP (NextN) layers and record the hidden state of every position decoded, so an
     # MTPContext over this model can draft (llama.cpp skips those layers otherwise).
     load_mtp: bool = False
+    # llama.cpp's weight repacking (its "extra buffer types": AMX, AVX2/NEON interleaved layouts).
+    # None: on, except on CPUs with AMX (`cpu_has_amx`).
+    repack: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +181,7 @@ class Model:
         mparams = llc.llama_model_default_params()
         mparams.n_gpu_layers = opts.n_gpu_layers
         mparams.load_mtp = opts.load_mtp
+        mparams.use_extra_bufts = repacks(opts)
         self._model = llc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise LlamaError(

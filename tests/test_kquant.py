@@ -10,6 +10,8 @@ gives at that position. Measured with llama-cpp-python 0.3.36 on an x86-64 CPU (
   A greedy near-tie can then go another way in a verify than in plain decoding, so greedy speculation
   on K-quant models is exact with respect to batched logits, not token-for-token plain output.
 This pins those facts so a llama.cpp upgrade (or another CPU's kernels) that changes them shows up.
+On CPUs with AMX, llama.cpp's repacked (AMX) kernels crashed these batches (a segfault in
+ggml_backend_amx_mul_mat on a 2-core Xeon), so specli loads without repacking there (llama.repacks).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specli.llama import Model, ModelOptions
+from specli.llama import Model, ModelOptions, cpu_has_amx, repacks
 from specli_synth.fixtures import FIXTURE_TARGET, fixture_vocab
 from specli_synth.ngram_model import write_ngram_model
 
@@ -85,3 +87,11 @@ def test_f32_batch_logits_equal_single_token_logits_up_to_rounding(fixture_model
     diff = np.abs(batched - single).max()
     assert diff < 1e-4, f"F32 batch and single-token logits differ by {diff:.2e}, more than rounding"
     assert (batched.argmax(axis=1) == single.argmax(axis=1)).all()
+
+
+def test_weights_are_not_repacked_on_cpus_with_amx() -> None:
+    """The default follows the CPU (the batches above crash llama.cpp's AMX kernels); an explicit
+    choice is kept."""
+    assert repacks(ModelOptions()) is not cpu_has_amx()
+    assert repacks(ModelOptions(repack=True)) is True
+    assert repacks(ModelOptions(repack=False)) is False
