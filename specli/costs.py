@@ -155,12 +155,15 @@ class CostModel:
     first_step: float = FIRST_STEP_CPU  # verify_curve's assumption until a batch is measured
     verify: dict[int, deque[float]] = field(default_factory=dict)
     draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
+    # source -> [seconds, looks], decayed: a round that asked the drafter and drafted nothing (a shadow)
+    look: dict[str, list[float]] = field(default_factory=dict)
 
     # The curve is recomputed when a new size is measured or every `refresh` samples: a round on a
     # tiny model takes well under a millisecond, and this runs every round.
     refresh: int = 8
     _curve: list[float] | None = field(default=None, repr=False)
     _draft_seen: set[str] = field(default_factory=set, repr=False)
+    _look_seen: set[str] = field(default_factory=set, repr=False)
     _verify_seen: set[int] = field(default_factory=set, repr=False)
     _stale: int = 0
 
@@ -191,6 +194,19 @@ class CostModel:
         slot = self.draft.setdefault(source, [0.0, 0.0])
         slot[0] = decay * slot[0] + seconds
         slot[1] = decay * slot[1] + tokens
+
+    def observe_look(self, source: str, seconds: float, decay: float = 0.9) -> None:
+        if source not in self._look_seen:
+            self._look_seen.add(source)  # a cold first look (graphs built), as observe_draft's
+            return
+        slot = self.look.setdefault(source, [0.0, 0.0])
+        slot[0] = decay * slot[0] + seconds
+        slot[1] = decay * slot[1] + 1.0
+
+    def look_seconds(self, source: str) -> float | None:
+        """What a look that drafts nothing costs, catching up included (shadows are rationed by it)."""
+        slot = self.look.get(source)
+        return slot[0] / slot[1] if slot else None
 
     def draft_seconds_per_token(self, source: str | None) -> float | None:
         slot = self.draft.get(source or "")

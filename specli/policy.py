@@ -47,8 +47,8 @@ FREE_LOOK = 0.01
 # which looks again (one shadow re-measures the draft step; the machine's load may have changed).
 RECHECK_EVERY = 16
 # Shadows may cost this share of plain decoding's time (or less): a shadow every ~1/SHADOW_SHARE
-# draft steps' worth of plain rounds, at least every MAX_SHADOW_GAP rounds (they measure the draft).
-SHADOW_SHARE = 0.03
+# looks' worth of plain rounds, at least every MAX_SHADOW_GAP rounds (they measure the draft).
+SHADOW_SHARE = 0.02
 MAX_SHADOW_GAP = 64
 RATE_TOKENS = 8.0  # decayed tokens of recent rounds before their rate is the reference
 RATE_DECAY = 0.9  # per round: the reference rate follows the text within ~10 rounds
@@ -130,6 +130,7 @@ class RoundReport:
     confidence: Sequence[float] = ()  # of the drafted positions
     first_confidence: float | None = None  # position 0's, drafted or held
     held: tuple[float, float] | None = None  # (confidence, acceptance) of a held position the target scored
+    catch_up_seconds: float = 0.0  # the catch-up debt left out of draft_seconds
 
 
 @dataclass(frozen=True)
@@ -304,18 +305,22 @@ class AutoK(DraftPolicy):
                     self.learned.hopeless[source] = 0
                     return self._plain(look=True)
                 self.learned.hopeless.pop(source, None)
-                return self._plain(look=self._shadow_due(inputs))
+                return self._plain(look=self._shadow_due(source, inputs))
         self.learned.hopeless.pop(source, None)
         return Decision(limit)
 
     def _plain(self, look: bool) -> Decision:
         return Decision(0, look)
 
-    def _shadow_due(self, inputs: GateInputs) -> bool:
+    def _shadow_due(self, source: str, inputs: GateInputs) -> bool:
         # Shadow every plain round when drafting is cheap, less often when not, so that shadows cost
         # at most ~SHADOW_SHARE of plain decoding (at least every MAX_SHADOW_GAP rounds: the draft
-        # cost itself is learned from these).
-        gap = min(MAX_SHADOW_GAP, max(1, math.ceil(inputs.c_draft / inputs.verify[0] / SHADOW_SHARE)))
+        # cost itself is learned from these). A shadow costs what a look costs (the draft catching
+        # up on the plain tokens since the last one, its step, its draw): priced by the draft step
+        # alone, a weak 150k-vocabulary draft at T 1 looked every 3-4 rounds at ~20 % of a target
+        # token each (the catch-up reads the draft's weights back after the target's evicted them).
+        cost = max(inputs.c_draft, self.costs.look_seconds(source) or 0.0)
+        gap = min(MAX_SHADOW_GAP, max(1, math.ceil(cost / inputs.verify[0] / SHADOW_SHARE)))
         return self.plain_rounds % gap == 0
 
     def gate(self, source: str, decision: Decision) -> Gate:
@@ -331,6 +336,8 @@ class AutoK(DraftPolicy):
             return
         if report.positions:
             self.costs.observe_draft(source, report.positions, report.draft_seconds)
+        if not report.drafted:
+            self.costs.observe_look(source, report.draft_seconds + report.catch_up_seconds)
         cal = self._calibration(source)
         if report.first_confidence is not None:
             cal.observe_first(report.first_confidence)

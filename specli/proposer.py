@@ -96,6 +96,7 @@ class DraftingProposer(Proposer):
             # A catch-up after plain rounds is a debt of those rounds, not this draft's cost; the
             # first position goes with it when the catch-up decode also evaluated it.
             draft_seconds=result.draft_seconds - draft.catch_up_seconds,
+            catch_up_seconds=draft.catch_up_seconds,
             verify_seconds=result.verify_seconds,
             positions=k + (held is not None) - draft.first_in_catch_up,
             confidence=draft.confidence,

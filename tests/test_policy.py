@@ -237,7 +237,7 @@ def test_no_shadows_when_even_a_sure_draft_could_not_pay() -> None:
 
 def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
     """While plain rounds are right, a source that costs a third of a target token per draft step looks
-    every ~12th round (~3 % of plain decoding's time); a free one is never plain: the gate judges it
+    every ~17th round (~2 % of plain decoding's time); a free one is never plain: the gate judges it
     every round."""
     costs = _costs(CPU_STAIRCASE)
     for _ in range(2):  # the first is taken for a cold decode and left out
@@ -259,6 +259,33 @@ def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
             policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
     assert 2 <= looks["slow"] <= 6 and drafted["slow"] == 0
     assert drafted["free"] == 48
+
+
+def test_a_look_is_priced_with_the_catch_up_it_costs() -> None:
+    """A shadow's look costs more than a draft step: the draft first catches up on the plain tokens
+    since the last look, its weights read back after the target's evicted them (a weak draft of a
+    150k-vocabulary target at T 1: ~20 % of a target token per look, where a step is ~3 %). Looks are
+    rationed by what they were measured to cost, so shadows stay ~2 % of plain decoding's time."""
+    costs = _costs(CPU_STAIRCASE)
+    for _ in range(2):
+        costs.observe_draft("draft", 1, 0.001)  # a draft step: 3 % of a target token
+    policy = AutoK(costs)
+    cal = policy.learned.calibration.setdefault("draft", Calibration())
+    for _ in range(30):
+        cal.observe(0.99, 1.0)
+        cal.observe(0.3, 0.0)
+        cal.observe_first(0.3)
+    looks = 0
+    for _ in range(96):
+        decision = policy.decide("draft", 8)
+        assert decision.k == 0
+        if decision.look:
+            looks += 1
+            policy.observe(RoundReport("draft", 0, 0, 0.001, 0.0308, 0, first_confidence=0.3,
+                                       held=(0.3, 0.0), catch_up_seconds=0.005))
+        else:
+            policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
+    assert 4 <= looks <= 12, looks  # every ~10th round; priced by the step alone, every 2nd
 
 
 def test_each_source_keeps_its_own_calibration() -> None:
