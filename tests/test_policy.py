@@ -59,6 +59,23 @@ def test_unmeasured_larger_batches_are_predicted_optimistically() -> None:
     assert three[8] == pytest.approx(0.0618 + 6 * 0.0085)
 
 
+def test_a_flat_step_of_the_staircase_does_not_make_larger_batches_free() -> None:
+    """Two sizes measured at one cost (a stair) give a zero slope; extrapolated flat, every position past
+    the largest measured size would cost nothing, and a weak draft drafted 64 at once. The slope is
+    at least the optimistic default's (5 % of T_v(1) per token), and the gate stops such a draft."""
+    stair = _costs({1: 47.0, 2: 62.0, 3: 62.0, 4: 78.0})
+    curve = stair.verify_seconds(65)
+    assert curve is not None
+    assert curve[64] == pytest.approx(0.078 + 61 * 0.05 * 0.047)
+    policy = AutoK(stair)
+    for _ in range(2):
+        stair.observe_draft("draft", 1, 0.0025)
+    cal = policy.learned.calibration.setdefault("draft", Calibration())
+    for _ in range(40):
+        cal.observe(0.5, 0.8)  # accepted 4 times in 5 whatever the confidence
+    assert _run_gate(policy, [0.5] * 64, 64) < 24
+
+
 def test_a_cold_first_draft_decode_is_not_taken_for_the_draft_cost() -> None:
     costs = CostModel()
     costs.observe_draft("draft", 1, 0.050)  # graph building
