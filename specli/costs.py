@@ -52,9 +52,13 @@ def run_gain(first: float, f: float, n: np.ndarray) -> np.ndarray:
 
 def run_cost(verify: np.ndarray, i: int, n: np.ndarray, c_draft: float) -> np.ndarray:
     """Seconds that drafting positions i .. i+n-1 adds to a round that drafts up to i - 1, beyond the
-    draft step already taken for position i: the larger verify batch, T_v(i+n+1) - T_v(i+1), and n - 1
-    more draft steps (`verify`: T_v(1..), index m - 1)."""
-    return verify[i + n] - verify[i] + (n - 1) * c_draft
+    draft step already taken for position i: the larger verify batch, T_v(i+n+1) - T_v(i+1), and n
+    more draft steps (positions i+1 .. i+n: a drafter evaluates the next position before the gate
+    judges it, so the one after the last drafted is paid too) (`verify`: T_v(1..), index m - 1).
+    With n - 1, a position cost only its verify row, which a flat stair of a CPU's staircase
+    (extrapolated flat past the largest size measured) makes free: a weak draft of a 150k-vocabulary
+    target at T 1 drafted 64 at once (440 ms for 1-5 accepted tokens)."""
+    return verify[i + n] - verify[i] + n * c_draft
 
 
 def best_net_gain(first: float, f: float, verify: np.ndarray, i: int, n_max: int, c_draft: float,
@@ -87,9 +91,8 @@ def verify_curve(
     slow T_v(1) makes plain decoding look slow and auto would draft on and never time it again);
     sizes between two measured ones are interpolated;
     sizes above the largest measured one are extrapolated with the smallest per-token slope measured
-    between batched sizes, but no less than an optimistic default (the default with none measured);
-    with no batched size measured, each token beyond the first adds `first_step` x T_v(1) (what the
-    device makes likely). On CPUs T_v is a
+    between batched sizes (or an optimistic default); with no batched size measured, each token
+    beyond the first adds `first_step` x T_v(1) (what the device makes likely). On CPUs T_v is a
     staircase (m = 2 can cost twice m = 1 while m = 3..6 cost little more than m = 2): a straight
     line through the first two points would never let auto find that out.
     """
@@ -102,11 +105,7 @@ def verify_curve(
         running = mono[m] = min(known[m], running)
     batched = [m for m in sizes if m >= 2]
     slopes = [(mono[b] - mono[a]) / (b - a) for a, b in zip(batched, batched[1:], strict=False)]
-    # At least the optimistic slope: on a CPU's staircase two measured sizes can cost the same (3 as
-    # much as 2), and a flat extrapolation made every position past the largest measured size free:
-    # a weak draft (acceptance ~0.75 per position) then drafted 64 at once (a 150k-vocabulary
-    # target at T 1: 440 ms for ~3 accepted tokens, twice per process).
-    slope = max(min(slopes) if slopes else 0.0, OPTIMISTIC_SLOPE * mono[1])
+    slope = min(slopes) if slopes else OPTIMISTIC_SLOPE * mono[1]
     out: list[float] = []
     for m in range(1, m_max + 1):
         if m in mono:

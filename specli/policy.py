@@ -5,7 +5,7 @@ lookup: the continuation's lead over the runner-up), so `auto` is one path for a
 asked before each position (or, for a drafter that sees all its positions at once, over the whole
 proposal), drafts position i when, for some length j > i,
 
-    S f (1 - f^(j-i)) / (1 - f)  >  r [T_v(j+1) - T_v(i+1) + (j-i-1) c_d]    (costs.run_gain, run_cost)
+    S f (1 - f^(j-i)) / (1 - f)  >  r [T_v(j+1) - T_v(i+1) + (j-i) c_d]    (costs.run_gain, run_cost)
 
 S: the chance that positions 0..i-1 all pass; f: the acceptance the `Calibration` gives position i's
 confidence, which the positions after it are assumed to share (confidence comes in runs; each is
