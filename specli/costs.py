@@ -190,31 +190,19 @@ class CostModel:
             self._curve, self._stale = None, 0
 
     def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
-        if source not in self._draft_seen:
-            # A model's first single-token decodes build their graphs: on a small draft that can
-            # take 10x a warm step, and a cost that high would stop auto from ever drafting again.
-            self._draft_seen.add(source)
-            return
-        slot = self.draft.setdefault(source, [0.0, 0.0])
-        slot[0] = decay * slot[0] + seconds
-        slot[1] = decay * slot[1] + tokens
+        # A model's first single-token decodes build their graphs: on a small draft that can take
+        # 10x a warm step, and a cost that high would stop auto from ever drafting again.
+        _observe_warm(self.draft, self._draft_seen, source, seconds, tokens, decay)
 
     def observe_look(self, source: str, seconds: float, decay: float = 0.9) -> None:
-        if source not in self._look_seen:
-            self._look_seen.add(source)  # a cold first look (graphs built), as observe_draft's
-            return
-        slot = self.look.setdefault(source, [0.0, 0.0])
-        slot[0] = decay * slot[0] + seconds
-        slot[1] = decay * slot[1] + 1.0
+        _observe_warm(self.look, self._look_seen, source, seconds, 1.0, decay)  # the first: cold, as above
 
     def look_seconds(self, source: str) -> float | None:
         """What a look that drafts nothing costs, catching up included (shadows are rationed by it)."""
-        slot = self.look.get(source)
-        return slot[0] / slot[1] if slot else None
+        return _per_unit(self.look.get(source))
 
     def draft_seconds_per_token(self, source: str | None) -> float | None:
-        slot = self.draft.get(source or "")
-        return slot[0] / slot[1] if slot and slot[1] > 0 else None
+        return _per_unit(self.draft.get(source or ""))
 
     def verify_seconds(self, m_max: int) -> list[float] | None:
         """Predicted T_v(m) for m = 1..m_max from the medians measured so far (`verify_curve`)."""
@@ -225,3 +213,19 @@ class CostModel:
         medians = {m: statistics.median(s) for m, s in self.verify.items()}
         self._curve = verify_curve(medians, m_max, self.first_step)
         return self._curve
+
+
+def _observe_warm(table: dict[str, list[float]], seen: set[str], source: str, seconds: float, units: float,
+                  decay: float) -> None:
+    """Add (seconds, units) to `source`'s decayed [seconds, units] in `table`, except its first
+    observation, which is left out as cold (it built llama.cpp's graphs)."""
+    if source not in seen:
+        seen.add(source)
+        return
+    slot = table.setdefault(source, [0.0, 0.0])
+    slot[0] = decay * slot[0] + seconds
+    slot[1] = decay * slot[1] + units
+
+
+def _per_unit(slot: list[float] | None) -> float | None:
+    return slot[0] / slot[1] if slot and slot[1] > 0 else None

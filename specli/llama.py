@@ -9,6 +9,7 @@ holds (`Model.tokens`), so the engine can reason about cache contents without as
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import time
 from collections.abc import Sequence
@@ -82,6 +83,7 @@ MAX_CONTEXT = 2**32 - CONTEXT_PADDING
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
 
 
+@functools.cache
 def cpu_has_amx() -> bool:
     """Whether the CPU advertises Intel AMX (Linux). llama.cpp's AMX matrix kernels, which repacked
     weights use for batches of more than one token, crash there on some Xeons (llama.cpp issue
