@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specli import costcache
 from specli.drafters.base import Drafter
 from specli.drafters.registry import BuildRequest, drafter_kind
 from specli.engine import Generation, GenerationParams, SpeculativeEngine
@@ -27,6 +28,10 @@ class Speculator:
         self.target = target
         self.drafter = drafter
         self.engine = SpeculativeEngine(target, drafter)
+        # What decodes cost here, as an earlier process over the same files measured it (costcache):
+        # auto starts from it instead of timing every batch size anew.
+        self.cost_file = costcache.cache_path(target, drafter) if drafter is not None else None
+        costcache.restore(self.engine.costs, self.cost_file)
 
     def tokenize(self, prompt: str) -> list[int]:
         """The target's tokens for `prompt` (BOS added if the model wants it); the draft uses the same ids."""
@@ -38,7 +43,11 @@ class Speculator:
         return self.engine.generate(tokens, params or GenerationParams())
 
     def close(self) -> None:
-        """Free the models this Speculator loaded (the drafter's, then the target)."""
+        """Free the models this Speculator loaded (the drafter's, then the target), after saving what
+        decodes cost for the next process (costcache)."""
+        if self.cost_file is not None:
+            costcache.save(self.engine.costs, self.cost_file, costcache.identity(self.target, self.drafter))
+            self.cost_file = None
         if self.drafter is not None:
             self.drafter.close()
         self.target.close()

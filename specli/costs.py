@@ -176,6 +176,38 @@ class CostModel:
         """A cost model whose assumptions suit where the target runs (offloaded: on a GPU)."""
         return CostModel(first_step=FIRST_STEP_GPU if offloaded else FIRST_STEP_CPU)
 
+    def to_record(self) -> dict[str, dict[str, list[float]]]:
+        """What a later process over the same models can start from (`restore`; specli.costcache keeps
+        it on disk): the verify samples by batch size and the decayed draft and look costs by source."""
+        return {
+            "verify": {str(m): list(samples) for m, samples in self.verify.items()},
+            "draft": {source: list(slot) for source, slot in self.draft.items()},
+            "look": {source: list(slot) for source, slot in self.look.items()},
+        }
+
+    def restore(self, record: Mapping) -> None:
+        """Start from an earlier process's `to_record`: its samples count as measured here. This
+        process's first decode of each size (and first draft and look) is still left out as cold, and
+        new samples displace the old within `window` rounds of a size. ValueError if it is malformed."""
+        verify = {int(m): [_positive(s) for s in samples][-self.window:]
+                  for m, samples in record.get("verify", {}).items()}
+        if any(m < 1 or not samples for m, samples in verify.items()):
+            raise ValueError("a batch size below 1 or without samples")
+        slots = {name: {source: _slot(slot) for source, slot in record.get(name, {}).items()}
+                 for name in ("draft", "look")}
+        for m, samples in verify.items():
+            self.verify[m] = deque(samples, maxlen=self.window)
+        self.draft.update(slots["draft"])
+        self.look.update(slots["look"])
+        self._curve = None
+
+    def prime_verify(self, seconds: Mapping[int, float], weight: int = 3) -> None:
+        """Take T_v(m) measured elsewhere (`specli bench`'s curve) as `weight` samples of each size,
+        in place of what was known of those sizes."""
+        for m, s in seconds.items():
+            self.verify[m] = deque([_positive(s)] * weight, maxlen=self.window)
+        self._curve = None
+
     def observe_verify(self, m: int, seconds: float) -> None:
         if m not in self._verify_seen:
             # The first decode of a batch size builds llama.cpp's graph and buffers for it: up to
@@ -225,6 +257,20 @@ def _observe_warm(table: dict[str, list[float]], seen: set[str], source: str, se
     slot = table.setdefault(source, [0.0, 0.0])
     slot[0] = decay * slot[0] + seconds
     slot[1] = decay * slot[1] + units
+
+
+def _positive(value: object) -> float:
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"a cost of {value!r} seconds")
+    return number
+
+
+def _slot(slot: object) -> list[float]:
+    """A decayed [seconds, units] pair, checked."""
+    if not isinstance(slot, list | tuple) or len(slot) != 2:
+        raise ValueError(f"not a [seconds, units] pair: {slot!r}")
+    return [_positive(slot[0]), _positive(slot[1])]
 
 
 def _per_unit(slot: list[float] | None) -> float | None:

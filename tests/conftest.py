@@ -48,10 +48,10 @@ def shared_models() -> SharedModels:
 
 
 # Environment variables through which a user's own setup could reach a test: config lookup, the chat
-# history file, debug tracebacks, colour forcing.
+# history file, debug tracebacks, colour forcing, the cost cache (each test's empty HOME holds its own).
 _USER_ENV = (
     "SPECLI_CONFIG", "SPECLI_DEBUG", "SPECLI_API_KEY", "XDG_STATE_HOME", "FORCE_COLOR", "NO_COLOR", "COLUMNS",
-    "LINES",
+    "LINES", "SPECLI_CACHE_DIR", "SPECLI_COST_CACHE", "XDG_CACHE_HOME",
 )
 
 

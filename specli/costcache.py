@@ -1,0 +1,110 @@
+"""What decodes cost on this machine, remembered from one process to the next.
+
+`-k auto` prices every draft with the target's verify cost by batch size and the drafter's step
+(costs.CostModel), which it measures as it goes. A new process knew none of it: its first rounds
+tried batch sizes once each to time them (each size's first decode is left out as cold), and on a
+256-token n-gram copy that was a tenth of the run (Gemma 3 270M, copy-edit, T 0: 153 tok/s from
+nothing, 166-181 with the costs of an earlier run). So the cost model is kept in a small JSON file
+per machine, pair of models and thread count, read when a Speculator is built and written when it
+closes. Only costs are kept: acceptance describes the text and is learned anew.
+
+SPECLI_COST_CACHE=0 turns it off; SPECLI_CACHE_DIR moves it (default $XDG_CACHE_HOME/specli, or
+~/.cache/specli). A missing, unreadable or malformed file is the same as none: nothing here raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+from specli.costs import CostModel
+from specli.drafters.base import Drafter
+from specli.llama import Model, repacks
+
+FORMAT = 1
+
+
+def cache_directory() -> Path | None:
+    """Where cost files live, or None when SPECLI_COST_CACHE=0 turns them off."""
+    if os.environ.get("SPECLI_COST_CACHE", "").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    base = os.environ.get("SPECLI_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "specli"
+    )
+    return Path(base) / "costs"
+
+
+def identity(target: Model, drafter: Drafter | None) -> dict:
+    """What the costs depend on: the machine, llama.cpp, the model files and how they were loaded.
+    (Not the context size: a verify's cost depends on the positions in use, not on n_ctx.)"""
+    import llama_cpp
+
+    def model(m: Model) -> dict:
+        try:
+            stat = m.path.stat()
+            file = [str(m.path.resolve()), stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            file = [str(m.path), None, None]
+        return {"file": file, "threads": m.n_threads, "gpu_layers": m.options.n_gpu_layers,
+                "repack": repacks(m.options)}
+
+    return {
+        "format": FORMAT,
+        "machine": [platform.machine(), _cpu_name(), os.cpu_count()],
+        "llama_cpp": getattr(llama_cpp, "__version__", None),
+        "target": model(target),
+        "drafter": None if drafter is None else {"name": drafter.name,
+                                                  "models": [model(m) for m in drafter.models]},
+    }
+
+
+def cache_path(target: Model, drafter: Drafter | None) -> Path | None:
+    """The cost file of this pair as loaded, or None when the cache is off."""
+    directory = cache_directory()
+    if directory is None:
+        return None
+    key = json.dumps(identity(target, drafter), sort_keys=True)
+    return directory / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def restore(costs: CostModel, path: Path | None) -> bool:
+    """Load the costs an earlier process saved at `path` into `costs`; False if there were none (or
+    none usable: a damaged file is ignored, and overwritten at the next save)."""
+    if path is None:
+        return False
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or record.get("format") != FORMAT:
+            return False
+        costs.restore(record["costs"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return False
+    return True
+
+
+def save(costs: CostModel, path: Path | None, about: dict | None = None) -> bool:
+    """Write `costs` to `path` (atomically: a reader never sees half a file); False if it could not."""
+    if path is None or not costs.verify:
+        return False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"format": FORMAT, "identity": about, "costs": costs.to_record()}))
+        os.replace(partial, path)
+    except OSError:
+        return False
+    return True
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
