@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specli.drafters.registry import drafter_kind
+from specli.llama import cpu_has_amx
 from specli.settings import AUTO, RunSettings, UsageProblem
 
 ENGINES = ("llama-server", "vllm", "sglang")
@@ -209,6 +210,12 @@ def _llama_server(spec: ExportInput, drafter: str | None, k: int, host: str,
         argv += ["-t", str(s.threads)]
     else:
         notes.append("threads: specli uses one per core; llama-server picks its own default (add -t N)")
+    if cpu_has_amx():
+        # As specli loads models here (llama.ModelOptions.repack): repacked weights run llama.cpp's AMX
+        # kernels, which crash on every multi-token batch on some Xeons.
+        argv += ["--no-repack"]
+        notes.append("--no-repack: this CPU has AMX, whose llama.cpp kernels (used by repacked weights) "
+                     "crash on some Xeons (llama.cpp issue #20824); drop it on a machine where they work")
     argv += ["--temp", f"{s.temp:g}", "--top-k", str(s.top_k), "--top-p", f"{s.top_p:g}",
              "--min-p", f"{s.min_p:g}"]
     if s.seed is not None:

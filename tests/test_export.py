@@ -19,7 +19,7 @@ runner = CliRunner()
 LLAMA_SERVER_FLAGS = {
     "-m", "-md", "--spec-type", "--spec-draft-n-max", "--spec-draft-p-min", "--spec-ngram-simple-size-n",
     "--spec-ngram-simple-size-m", "-c", "-ngl", "-ngld", "-t", "--temp", "--top-k", "--top-p", "--min-p",
-    "--seed", "--ignore-eos", "--host", "--port",
+    "--seed", "--ignore-eos", "--host", "--port", "--no-repack",
 }
 LLAMA_SERVER_SPEC_TYPES = {"none", "draft-simple", "draft-mtp", "ngram-simple"}
 # vLLM's `vllm serve` options and speculative-config keys (docs.vllm.ai: serve, SpeculativeConfig).
@@ -215,3 +215,15 @@ def test_from_bench_reads_what_specli_bench_writes(fixture_models, tmp_path) -> 
     out = export("--to", "llama-server", "-m", str(fixture_models.target), "--draft", "ngram",
                  "--from-bench", str(bench_json))
     assert out["k"] == best and out["k_source"] == f"--from-bench {bench_json}"
+
+
+def test_llama_server_loads_without_repacking_on_cpus_with_amx(fixture_models, monkeypatch) -> None:
+    """specli does not repack weights on AMX CPUs (llama.cpp's AMX kernels crash on some Xeons); the
+    exported command must not crash where specli runs."""
+    import specli.export
+
+    for amx in (True, False):
+        monkeypatch.setattr(specli.export, "cpu_has_amx", lambda amx=amx: amx)
+        out = export("--to", "llama-server", "-m", str(fixture_models.target), "--draft", "ngram")
+        assert ("--no-repack" in out["argv"]) is amx
+        assert any("AMX" in note for note in out["notes"]) is amx
