@@ -1,7 +1,8 @@
 """specli's defaults side by side with llama-server's speculative types, interleaved, on one machine.
 
     python examples/compare_llama_server.py [--target T.gguf] [--draft D.gguf] [-n 256] [--repeat 3]
-        [--temp 0,0.8] [--prompt NAME ...] [--defaults-only | --n8-only] [-t 2] [--json out.json]
+        [--temp 0,0.8] [--prompt NAME ... | --token-prompt NAME=IDS.json ...] [--defaults-only | --n8-only]
+        [-t 2] [--json out.json]
 
 Build llama-server first (examples/build_llama_tools.sh builds it from the llama.cpp that
 llama-cpp-python vendors). Every server listens on 127.0.0.1 on a free port; all are started at once
@@ -98,7 +99,7 @@ class Server:
     def wait(self) -> None:
         wait_healthy(self.proc, f"http://127.0.0.1:{self.port}", f"{self.label} (log: {self.log.name})")
 
-    def complete(self, prompt: str, n: int, temp: float, seed: int) -> dict:
+    def complete(self, prompt: str | list[int], n: int, temp: float, seed: int) -> dict:
         body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": temp, "seed": seed,
                            "ignore_eos": True, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
                            "cache_prompt": False}).encode()
@@ -128,6 +129,44 @@ def specli_run(target: str, draft: str, prompt: str, n: int, temp: float, seed: 
     return {"tps": stats["tokens_per_second"], "drafted": stats["drafted"], "accepted": stats["accepted"]}
 
 
+# A fresh process generating from token ids with `specli run`'s defaults (the CLI takes text only).
+_SPECLI_FROM_TOKENS = """
+import json, sys
+from specli.api import load
+from specli.settings import RunSettings
+target, draft, ids, n, temp, seed, threads, ctx = json.loads(sys.argv[1])
+settings = RunSettings(max_tokens=n, temp=temp, seed=seed, ignore_eos=True, threads=threads, ctx=ctx)
+with load(target, draft, n_ctx=ctx, n_threads=threads) as spec:
+    generation = spec.generate(ids, settings.generation_params())
+    generation.complete()
+    print(json.dumps(generation.stats.as_dict()))
+"""
+
+
+def specli_tokens(target: str, draft: str, ids: list[int], n: int, temp: float, seed: int, threads: int,
+                  ctx: int) -> dict:
+    args = json.dumps([target, draft, ids, n, temp, seed, threads, ctx])
+    proc = subprocess.run([sys.executable, "-c", _SPECLI_FROM_TOKENS, args], capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode:
+        raise SystemExit(f"specli: {proc.stderr.strip()[-400:]}")
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"tps": stats["tokens_per_second"], "drafted": stats["drafted"], "accepted": stats["accepted"]}
+
+
+def token_prompts(specs: list[str]) -> dict[str, list[int]]:
+    """NAME=FILE pairs: FILE holds a JSON list of token ids (BOS included), sent as they are to both
+    sides (for a model whose text does not survive detokenizing and tokenizing again)."""
+    out = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        ids = json.loads(Path(path).read_text())
+        if not path or not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise SystemExit(f"--token-prompt {spec}: want NAME=FILE with a JSON list of token ids")
+        out[name] = ids
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target")
@@ -136,12 +175,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--temp", default="0,0.8")
     ap.add_argument("--prompt", action="append", choices=sorted(PROMPTS))
+    ap.add_argument("--token-prompt", action="append", default=[], metavar="NAME=FILE",
+                    help="a prompt as a JSON list of token ids (replaces the built-in prompts)")
     ap.add_argument("--defaults-only", action="store_true", help="each type at its defaults only (no n8)")
     ap.add_argument("--n8-only", action="store_true", help="each type drafting at most 8 only")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=4096)
     ap.add_argument("--json", dest="json_path")
     opts = ap.parse_args()
+    tokens = token_prompts(opts.token_prompt)
     binary = find_tool("llama-server")
     if binary is None:
         raise SystemExit("llama-server not found: run examples/build_llama_tools.sh")
@@ -161,20 +203,23 @@ def main() -> None:
         print(f"{'prompt':<11} {'T':>4}  {header}   specli/best", flush=True)
         turn = 0
         for temp in (float(t) for t in opts.temp.split(",")):
-            for name in opts.prompt or ["repetitive", "copy-edit", "code"]:
+            for name in list(tokens) or opts.prompt or ["repetitive", "copy-edit", "code"]:
                 samples: dict[str, list[dict]] = {lab: [] for lab in labels}
                 for rep in range(opts.repeat):
                     seed = 1000 + rep
                     order = labels[turn % len(labels):] + labels[: turn % len(labels)]
                     turn += 1
                     for lab in order:
-                        if lab == "specli":
+                        if lab == "specli" and name in tokens:
+                            got = specli_tokens(target, opts.draft or "ngram", tokens[name], opts.n, temp,
+                                                seed, opts.threads, opts.ctx)
+                        elif lab == "specli":
                             got = specli_run(target, opts.draft or "ngram", PROMPTS[name], opts.n, temp,
                                              seed, opts.threads, opts.ctx)
                         else:
                             server = next(s for s in servers if s.label == lab)
                             server.fresh()
-                            got = server.complete(PROMPTS[name], opts.n, temp, seed)
+                            got = server.complete(tokens.get(name, PROMPTS.get(name)), opts.n, temp, seed)
                         samples[lab].append(got)
                 medians = {lab: statistics.median(g["tps"] for g in samples[lab]) for lab in labels}
                 best = max(labels[1:], key=medians.__getitem__)

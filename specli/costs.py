@@ -33,6 +33,9 @@ OPTIMISTIC_SLOPE = 0.05
 # at 0.5 (n-gram lookup, a 0.5B draft of a 7B target), so auto drafts and measures the real curve.
 FIRST_STEP_GPU = OPTIMISTIC_SLOPE
 FIRST_STEP_CPU = 0.5
+# A larger batch is verified in place of a smaller one only when its measured cost is below this share
+# of the smaller one's: a few percent is noise, and the extra rows are not free on every device.
+PAD_MARGIN = 0.9
 
 
 def expected_tokens(a1: float, a2: float, k: int) -> float:
@@ -168,7 +171,7 @@ class CostModel:
     _curve: list[float] | None = field(default=None, repr=False)
     _draft_seen: set[str] = field(default_factory=set, repr=False)
     _look_seen: set[str] = field(default_factory=set, repr=False)
-    _verify_seen: set[int] = field(default_factory=set, repr=False)
+    _verify_largest: int = field(default=0, repr=False)  # the largest batch decoded in this process
     _stale: int = 0
 
     @staticmethod
@@ -187,8 +190,9 @@ class CostModel:
 
     def restore(self, record: Mapping) -> None:
         """Start from an earlier process's `to_record`: its samples count as measured here. This
-        process's first decode of each size (and first draft and look) is still left out as cold, and
-        new samples displace the old within `window` rounds of a size. ValueError if it is malformed."""
+        process's decodes larger than any before (and its first draft and look) are still left out
+        as cold, and new samples displace the old within `window` rounds of a size. ValueError if it
+        is malformed."""
         verify = {int(m): [_positive(s) for s in samples][-self.window:]
                   for m, samples in record.get("verify", {}).items()}
         if any(m < 1 or not samples for m, samples in verify.items()):
@@ -208,11 +212,39 @@ class CostModel:
             self.verify[m] = deque([_positive(s)] * weight, maxlen=self.window)
         self._curve = None
 
+    def cheapest_batch(self, m: int, m_max: int) -> int:
+        """The batch size to verify m tokens with: m, or a larger size up to m_max measured to cost
+        clearly less (PAD_MARGIN). CPU kernels change with the batch: on a 2-core Xeon a 150k-vocabulary
+        Q8_0 target decodes 64 tokens in 399 ms and 63 in 643 (ggml switches its matrix kernel), so
+        a draft of 40 is verified faster with 23 rows of padding, which are rolled back with the
+        rejected drafts. This is what makes `verify_curve`'s rule (a size costs no more than any
+        larger one) true of the batches actually run. m itself when unmeasured around m."""
+        if m < 2 or m_max <= m:
+            return m
+        medians = {size: statistics.median(s) for size, s in self.verify.items()}
+        larger = [size for size in medians if m < size <= m_max]
+        if not larger:
+            return m
+        below = [size for size in medians if size <= m]
+        above = [size for size in medians if size >= m]
+        if m in medians:
+            own = medians[m]
+        elif below and above:
+            a, b = max(below), min(above)
+            own = medians[a] + (medians[b] - medians[a]) * (m - a) / (b - a)
+        else:
+            return m
+        best = min(larger, key=lambda size: (medians[size], size))
+        return best if medians[best] < PAD_MARGIN * own else m
+
     def observe_verify(self, m: int, seconds: float) -> None:
-        if m not in self._verify_seen:
-            # The first decode of a batch size builds llama.cpp's graph and buffers for it: up to
-            # 30x a warm one on a tiny model, and a cold T_v(1) makes plain decoding look slow.
-            self._verify_seen.add(m)
+        if m > self._verify_largest:
+            # A batch larger than any before grows llama.cpp's compute buffers: 15x a warm decode on
+            # a tiny model (65 tokens: 52 ms, then 3.4), +14 % on Gemma 3 270M, and a cold T_v(1)
+            # makes plain decoding look slow. A new smaller size only plans its graph again (up to
+            # 1.5x on a tiny model, nothing measurable on real ones), and is kept: were it left out,
+            # sizes a process runs once each (n-gram copies of varying length) would never be known.
+            self._verify_largest = m
             return
         if m not in self.verify:
             self._curve = None

@@ -155,13 +155,17 @@ class SpeculativeEngine:
             limit = min(params.max_tokens - n_emitted - 1, room, target.max_rollback)
             draft = proposer.propose(context, limit)
             t_drafted = time.perf_counter()
-            rows = target.decode([context[-1], *draft.tokens], outputs="all")
+            batch = [context[-1], *draft.tokens]
+            # Where a larger batch costs less on this machine (a CPU kernel's threshold), pad to it:
+            # causal attention keeps the rows of the batch's own tokens as they were.
+            padding = proposer.batch_size(len(batch), min(room, target.max_rollback) + 1) - len(batch)
+            rows = target.decode(batch + [batch[-1]] * padding, outputs="all")[: len(batch)]
             t_verified = time.perf_counter()
             verdict = verify(rows, draft, sampler, len(context))
             target.truncate(len(context) + verdict.n_accepted)  # the cache holds the new context[:-1]
             context.extend(verdict.tokens)
             proposer.observe(
-                RoundResult(context, draft, verdict, t_drafted - t_start, t_verified - t_drafted)
+                RoundResult(context, draft, verdict, t_drafted - t_start, t_verified - t_drafted, padding)
             )
             budget = params.max_tokens - n_emitted
             events, emitted, stop_reason = _emit(target, stream, draft, verdict, index, budget)

@@ -24,7 +24,8 @@ target), the source is hopeless: no shadows for the generation, and in later one
 `RECHECK_EVERY` looks again.
 
 The cost model and `Learned` (calibration, hopeless sources) outlive a generation: they describe the
-machine and the pair of models. A fixed k drafts every position whatever the draft's doubts.
+machine and the pair of models. The cost model also outlives the process (specli.costcache). A
+fixed k drafts every position whatever the draft's doubts.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ class RoundReport:
     first_confidence: float | None = None  # position 0's, drafted or held
     held: tuple[float, float] | None = None  # (confidence, acceptance) of a held position the target scored
     catch_up_seconds: float = 0.0  # the catch-up debt left out of draft_seconds
+    padding: int = 0  # rows verified past the draft (`DraftPolicy.batch_size`)
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,10 @@ class DraftPolicy:
     def gate(self, source: str, decision: Decision) -> DraftGate | None:
         """This round's gate (None: draft every position of the decision)."""
         return None
+
+    def batch_size(self, m: int, m_max: int) -> int:
+        """The batch to verify m tokens with (at most m_max): m, or a larger one that costs less."""
+        return m
 
     def observe(self, report: RoundReport) -> None:
         """Feedback after a round."""
@@ -326,8 +332,11 @@ class AutoK(DraftPolicy):
     def gate(self, source: str, decision: Decision) -> Gate:
         return Gate(self.inputs(source), decision.k, hold_first=decision.k == 0)
 
+    def batch_size(self, m: int, m_max: int) -> int:
+        return self.costs.cheapest_batch(m, m_max)
+
     def observe(self, report: RoundReport) -> None:
-        self.costs.observe_verify(report.drafted + 1, report.verify_seconds)
+        self.costs.observe_verify(report.drafted + 1 + report.padding, report.verify_seconds)
         self.rate[0] = RATE_DECAY * self.rate[0] + report.accepted + 1
         self.rate[1] = RATE_DECAY * self.rate[1] + report.draft_seconds + report.verify_seconds
         self.plain_rounds = 0 if report.drafted else self.plain_rounds + 1

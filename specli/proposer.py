@@ -28,6 +28,7 @@ class RoundResult:
     verdict: Verdict
     draft_seconds: float
     verify_seconds: float
+    padding: int = 0  # rows verified past the draft (`Proposer.batch_size`), rolled back
 
 
 class Proposer:
@@ -43,6 +44,11 @@ class Proposer:
         """Tokens to verify after `context` this round: at most `limit` (what fits the output, the
         context and the target's rollback)."""
         return Draft.empty(self.name)
+
+    def batch_size(self, m: int, m_max: int) -> int:
+        """The batch to verify this round's m tokens with (at most m_max): m, or a larger one that
+        costs less on this machine; the rows past the draft are ignored."""
+        return m
 
     def observe(self, result: RoundResult) -> None:
         """The round is committed: learn from it."""
@@ -79,6 +85,9 @@ class DraftingProposer(Proposer):
             return Draft.empty(drafter.name)
         return drafter.draft(context, max(decision.k, 1), self.policy.gate(source, decision))
 
+    def batch_size(self, m: int, m_max: int) -> int:
+        return self.policy.batch_size(m, m_max)
+
     def observe(self, result: RoundResult) -> None:
         self.drafter.accept(result.context)
         draft, verdict = result.draft, result.verdict
@@ -102,6 +111,7 @@ class DraftingProposer(Proposer):
             confidence=draft.confidence,
             first_confidence=first,
             held=scored,
+            padding=result.padding,
         ))
 
     @property

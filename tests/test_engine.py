@@ -154,3 +154,22 @@ def test_auto_gates_the_draft_model_by_its_confidence(fixture_models) -> None:
         assert calibration.seen.sum() > len(calibration.seen) + 1
         assert calibration.first.sum() > 0
         assert spec.target.tokens == gen.context[:-1]
+
+
+def test_a_batch_padded_to_a_cheaper_size_verifies_as_the_draft_alone(fixture_models) -> None:
+    """Where a larger verify batch is measured cheaper (a CPU kernel's threshold), the round pads to it:
+    the rows of the draft's own tokens, the output and the cache are those of the unpadded round."""
+    expected = plain_greedy(fixture_models.target, PROMPT, 48)
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        costs = spec.engine.costs
+        # As if verifying were dear next to a draft step, and every batch of 2 to 23 tokens dearer than
+        # one of 24: each drafting round verifies 24 rows.
+        costs.prime_verify({1: 1e-2, 2: 5e-2, 23: 5e-2, 24: 1.2e-2}, weight=9)
+        got, events, gen = generate(spec, PROMPT, max_tokens=48, sampling=GREEDY, draft_max="auto")
+        assert got == expected
+        assert spec.target.tokens == gen.context[:-1]
+        drafted = [e for e in events if isinstance(e, RoundEvent) and e.k]
+        assert len(drafted) >= 2 and all(e.k + 1 < 24 for e in drafted)
+        # Each padded round was timed as the 24-row batch it ran (the first, the largest yet, is cold).
+        assert set(costs.verify) == {1, 2, 23, 24}
+        assert any(s != 1.2e-2 for s in costs.verify[24])
