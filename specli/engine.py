@@ -153,7 +153,7 @@ class SpeculativeEngine:
             # A round emits up to k + 1 tokens: no drafts past max_tokens or the context, and no more
             # than a recurrent/hybrid target can roll back (all k when every draft is rejected).
             limit = min(params.max_tokens - n_emitted - 1, room, target.max_rollback)
-            draft = proposer.propose(context, limit)
+            draft = proposer.propose(context, limit, left=min(params.max_tokens - n_emitted, room + 1))
             t_drafted = time.perf_counter()
             batch = [context[-1], *draft.tokens]
             # Where a larger batch costs less on this machine (a CPU kernel's threshold), pad to it:

@@ -53,6 +53,9 @@ SHADOW_SHARE = 0.02
 MAX_SHADOW_GAP = 64
 RATE_TOKENS = 8.0  # decayed tokens of recent rounds before their rate is the reference
 RATE_DECAY = 0.9  # per round: the reference rate follows the text within ~10 rounds
+# Near the output's end the reference rate is at most this share of the best rate the tokens left can
+# give (all of them drafted in one batch and accepted): below 1, so that drafting them can pay.
+END_SHARE = 0.9
 WORTH_REFRESH = 8  # rounds between recomputations of what each confidence band is worth
 
 # Confidence bins: finer near 1, where a draft that knows the text puts most of its tokens.
@@ -169,8 +172,9 @@ def best_prefix(inputs: GateInputs, confidences: Sequence[float]) -> int:
         return 0
     f = np.minimum(inputs.acceptances[np.searchsorted(_CONFIDENCE_EDGES, confidences[:n_max], side="right")],
                    0.999)
-    value = np.cumsum(np.cumprod(f)) - inputs.rate * run_cost(inputs.verify, 0, np.arange(1, n_max + 1),
-                                                              inputs.c_draft)
+    gain = np.cumsum(np.cumprod(f))
+    extra = run_cost(inputs.verify, 0, np.arange(1, n_max + 1), inputs.c_draft)
+    value = gain - inputs.rate * extra
     best = int(np.argmax(value))
     return best + 1 if value[best] > 0.0 else 0
 
@@ -208,7 +212,8 @@ class DraftPolicy:
     """Decides each round's draft length (and gives the gate that may stop it earlier) from what the
     rounds before cost and yielded. The Proposer asks it and reports back to it."""
 
-    def decide(self, source: str, limit: int) -> Decision:
+    def decide(self, source: str, limit: int, left: int | None = None) -> Decision:
+        """This round's plan: at most `limit` drafts; `left`, the tokens the generation can still emit."""
         raise NotImplementedError
 
     def gate(self, source: str, decision: Decision) -> DraftGate | None:
@@ -229,7 +234,7 @@ class FixedK(DraftPolicy):
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def decide(self, source: str, limit: int) -> Decision:
+    def decide(self, source: str, limit: int, left: int | None = None) -> Decision:
         return Decision(max(0, min(self.k, limit)))
 
 
@@ -240,6 +245,7 @@ class AutoK(DraftPolicy):
     rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed tokens, seconds of rounds
     plain_rounds: int = 0  # rounds since the last one that drafted (shadows are rationed by it)
     hopeless: set[str] = field(default_factory=set)  # sources that would not pay even at their surest
+    left: int | None = None  # tokens the generation can still emit (this round's `decide`)
     _worth_cache: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -262,6 +268,12 @@ class AutoK(DraftPolicy):
         # The recent rounds' rate once they are a few tokens' worth: a rate from one or two rounds
         # is noise, and a high one makes every draft step look dear for the whole generation.
         rate = max(1.0 / verify[0], tokens / seconds if tokens >= RATE_TOKENS else 0.0)
+        if self.left is not None and self.left <= len(verify):
+            # Near the output's end the time to come is that of the tokens left, at best all in one
+            # batch: priced at the recent rate (after long copies, several times plain decoding), a
+            # draft of the last tokens looked dear and they were decoded one by one (the last ~45 of a
+            # 152k-vocabulary target's copy: 10 plain rounds, a fifth of the generation).
+            rate = min(rate, max(1.0 / verify[0], END_SHARE * self.left / verify[self.left - 1]))
         return GateInputs(np.asarray(verify), c_draft, rate, self._calibration(source).acceptances())
 
     def _worth(self, source: str, inputs: GateInputs) -> np.ndarray:
@@ -278,11 +290,12 @@ class AutoK(DraftPolicy):
         self._worth_cache = (source, 0, worth)
         return worth
 
-    def decide(self, source: str, limit: int) -> Decision:
+    def decide(self, source: str, limit: int, left: int | None = None) -> Decision:
         """Draft up to `limit` positions if looking at the first one (a draft step) is worth its cost,
         given how the draft's confidence there has been distributed lately (or was the last time) and
         what each confidence is worth; the gate then stops the round where drafting on stops paying.
         Otherwise a plain round, with a look now and then (a shadow)."""
+        self.left = left
         if source in self.hopeless:
             return self._plain(look=False)  # nothing new is learned without looks, so it stays so
         inputs = self.inputs(source)

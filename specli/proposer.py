@@ -40,9 +40,9 @@ class Proposer:
     def begin(self, context: list[int], sampler: Sampler) -> None:
         """A generation starts over `context` (the prompt; its last token is pending)."""
 
-    def propose(self, context: list[int], limit: int) -> Draft:
+    def propose(self, context: list[int], limit: int, left: int | None = None) -> Draft:
         """Tokens to verify after `context` this round: at most `limit` (what fits the output, the
-        context and the target's rollback)."""
+        context and the target's rollback); `left`: tokens the generation can still emit."""
         return Draft.empty(self.name)
 
     def batch_size(self, m: int, m_max: int) -> int:
@@ -74,10 +74,10 @@ class DraftingProposer(Proposer):
         self._same_as_plain = sampler.same_as_plain
         self.drafter.begin(context, sampler)
 
-    def propose(self, context: list[int], limit: int) -> Draft:
+    def propose(self, context: list[int], limit: int, left: int | None = None) -> Draft:
         drafter = self.drafter
         source = drafter.next_source(context)
-        decision = self.policy.decide(source, limit)
+        decision = self.policy.decide(source, limit, left)
         # At k = 0 with a look, the gate holds position 0: the drafter proposes nothing, and what it
         # would have proposed there is scored against the target's row (a shadow).
         self._source = source if decision.k or decision.look else None

@@ -422,3 +422,20 @@ def test_a_new_smaller_batch_size_is_timed_at_once_a_larger_than_ever_one_is_not
     assert set(costs.verify) == {1, 3}
     costs.observe_verify(8, 0.030)
     assert list(costs.verify[8]) == [0.030]
+
+
+def test_the_last_tokens_of_a_copy_are_drafted_however_fast_the_copy_went() -> None:
+    """Near the output's end the time to come is only that of the tokens left: priced at the recent
+    rate (64-token copies, several times plain decoding), a draft of the last 45 looked dear, and a
+    150k-vocabulary target decoded them one by one (10 plain rounds, a fifth of its generation)."""
+    policy = AutoK(_costs({1: 45.0, 13: 183.0, 35: 500.0, 65: 465.0}))
+    for _ in range(2):
+        policy.costs.observe_draft("ngram", 1, 0.00001)
+    cal = policy.learned.calibration.setdefault("ngram", Calibration())
+    for _ in range(64):
+        cal.observe(0.5, 1.0)
+    policy.rate = [65.0, 0.465]  # the last round: a copy of 64, all accepted
+    assert policy.decide("ngram", 45) == Decision(45)
+    assert policy.gate("ngram", Decision(45)).best_prefix([0.5] * 45) == 0  # mid-generation: dear
+    assert policy.decide("ngram", 45, left=46) == Decision(45)
+    assert policy.gate("ngram", Decision(45)).best_prefix([0.5] * 45) == 45
