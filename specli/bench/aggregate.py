@@ -168,7 +168,8 @@ def bench_notes(result: BenchResult) -> list[tuple[str, str]]:
         notes.append(("warn", f"{mismatched} {which} pairs forked from their plain run (first differing "
                               f"token: {shown}): "
                               "this model's batched logits differ slightly from single-token ones (K-quants "
-                              "do, F32/F16/Q8_0 do not; see the README), or a bug"))
+                              "do; F32/F16/Q8_0 mostly do not, on some CPUs they do: see "
+                              "docs/exactness.md), or a bug"))
     overhead = [c.plain_other_share for c in result.configs if c.plain_other_share is not None]
     if overhead and statistics.median(overhead) > 0.2:
         notes.append(("info", f"plain decoding spends {100 * statistics.median(overhead):.0f} % of its time "
