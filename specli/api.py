@@ -30,7 +30,8 @@ class Speculator:
         self.engine = SpeculativeEngine(target, drafter)
         # What decodes cost here, as an earlier process over the same files measured it (costcache):
         # auto starts from it instead of timing every batch size anew.
-        self.cost_file = costcache.cache_path(target, drafter) if drafter is not None else None
+        self._cost_identity = costcache.identity(target, drafter) if drafter is not None else None
+        self.cost_file = costcache.cache_path(self._cost_identity) if self._cost_identity else None
         costcache.restore(self.engine.costs, self.cost_file)
 
     def tokenize(self, prompt: str) -> list[int]:
@@ -46,7 +47,7 @@ class Speculator:
         """Free the models this Speculator loaded (the drafter's, then the target), after saving what
         decodes cost for the next process (costcache)."""
         if self.cost_file is not None:
-            costcache.save(self.engine.costs, self.cost_file, costcache.identity(self.target, self.drafter))
+            costcache.save(self.engine.costs, self.cost_file, self._cost_identity)
             self.cost_file = None
         if self.drafter is not None:
             self.drafter.close()

@@ -61,12 +61,12 @@ def identity(target: Model, drafter: Drafter | None) -> dict:
     }
 
 
-def cache_path(target: Model, drafter: Drafter | None) -> Path | None:
-    """The cost file of this pair as loaded, or None when the cache is off."""
+def cache_path(about: dict) -> Path | None:
+    """The cost file of a pair with this `identity`, or None when the cache is off."""
     directory = cache_directory()
     if directory is None:
         return None
-    key = json.dumps(identity(target, drafter), sort_keys=True)
+    key = json.dumps(about, sort_keys=True)
     return directory / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 

@@ -172,6 +172,8 @@ class CostModel:
     _draft_seen: set[str] = field(default_factory=set, repr=False)
     _look_seen: set[str] = field(default_factory=set, repr=False)
     _verify_largest: int = field(default=0, repr=False)  # the largest batch decoded in this process
+    # The median of each size's samples, updated as they come (cheapest_batch runs every round).
+    _medians: dict[int, float] = field(default_factory=dict, repr=False)
     _stale: int = 0
 
     @staticmethod
@@ -201,6 +203,7 @@ class CostModel:
                  for name in ("draft", "look")}
         for m, samples in verify.items():
             self.verify[m] = deque(samples, maxlen=self.window)
+            self._medians[m] = statistics.median(self.verify[m])
         self.draft.update(slots["draft"])
         self.look.update(slots["look"])
         self._curve = None
@@ -210,6 +213,7 @@ class CostModel:
         in place of what was known of those sizes."""
         for m, s in seconds.items():
             self.verify[m] = deque([_positive(s)] * weight, maxlen=self.window)
+            self._medians[m] = self.verify[m][0]
         self._curve = None
 
     def cheapest_batch(self, m: int, m_max: int) -> int:
@@ -221,7 +225,7 @@ class CostModel:
         larger one) true of the batches actually run. m itself when unmeasured around m."""
         if m < 2 or m_max <= m:
             return m
-        medians = {size: statistics.median(s) for size, s in self.verify.items()}
+        medians = self._medians
         larger = [size for size in medians if m < size <= m_max]
         if not larger:
             return m
@@ -248,7 +252,9 @@ class CostModel:
             return
         if m not in self.verify:
             self._curve = None
-        self.verify.setdefault(m, deque(maxlen=self.window)).append(seconds)
+        samples = self.verify.setdefault(m, deque(maxlen=self.window))
+        samples.append(seconds)
+        self._medians[m] = statistics.median(samples)
         self._stale += 1
         if self._stale >= self.refresh:
             self._curve, self._stale = None, 0
@@ -274,8 +280,7 @@ class CostModel:
             return self._curve[:m_max]
         if 1 not in self.verify:
             return None
-        medians = {m: statistics.median(s) for m, s in self.verify.items()}
-        self._curve = verify_curve(medians, m_max, self.first_step)
+        self._curve = verify_curve(self._medians, m_max, self.first_step)
         return self._curve
 
 

@@ -172,9 +172,8 @@ def best_prefix(inputs: GateInputs, confidences: Sequence[float]) -> int:
         return 0
     f = np.minimum(inputs.acceptances[np.searchsorted(_CONFIDENCE_EDGES, confidences[:n_max], side="right")],
                    0.999)
-    gain = np.cumsum(np.cumprod(f))
-    extra = run_cost(inputs.verify, 0, np.arange(1, n_max + 1), inputs.c_draft)
-    value = gain - inputs.rate * extra
+    value = np.cumsum(np.cumprod(f)) - inputs.rate * run_cost(inputs.verify, 0, np.arange(1, n_max + 1),
+                                                              inputs.c_draft)
     best = int(np.argmax(value))
     return best + 1 if value[best] > 0.0 else 0
 
