@@ -6,15 +6,19 @@ prompts and settings; median tokens/s of each and the median of per-pair ratios 
 
 The old revision is checked out with `git worktree` into a temporary directory and run with the same
 Python (its `specli` package first on sys.path). Each run is a new process, as a user's `specli run`
-(what auto learned is not carried between runs); rates exclude load and prompt (GenerationStats).
-Pairs alternate which revision runs first. Prompts: compare_llamacpp.py's (repetitive, copy-edit,
-code) and bench's built-in ones (story, chat).
+(what auto learned is not carried between runs, but for what specli.costcache keeps); rates exclude
+load and prompt (GenerationStats). Each revision has its own cost cache, empty at the start (one
+shared file would be overwritten by the other revision's), or none with --no-cache; --warm runs each
+side once, uncounted, before each prompt's pairs (a user's second run). Pairs alternate which
+revision runs first. Prompts: compare_llamacpp.py's (repetitive, copy-edit, code) and bench's
+built-in ones (story, chat).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -38,10 +42,11 @@ def checkout(rev: str, where: Path) -> Path:
     return where
 
 
-def run_once(root: Path, args: list[str]) -> dict:
+def run_once(root: Path, args: list[str], env: dict[str, str]) -> dict:
     # From an empty directory: a models.toml here may hold keys the other revision does not know.
     proc = subprocess.run([sys.executable, "-c", RUNNER.format(root=str(root)), "run", *args, "--json"],
-                          capture_output=True, text=True, timeout=900, cwd=tempfile.gettempdir())
+                          capture_output=True, text=True, timeout=900, cwd=tempfile.gettempdir(),
+                          env={**os.environ, **env})
     if proc.returncode != 0:
         raise SystemExit(f"{root}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
     return json.loads(proc.stdout)
@@ -60,6 +65,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=2048)
+    ap.add_argument("--no-cache", action="store_true", help="no cost cache on either side")
+    ap.add_argument("--warm", action="store_true", help="one uncounted run per side before each prompt")
     ap.add_argument("--json", dest="json_path")
     opts = ap.parse_args()
 
@@ -67,8 +74,11 @@ def main() -> None:
         roots = {"old": checkout(opts.old, Path(tmp) / "old")}
         new = Path(opts.new)
         roots["new"] = new if new.is_dir() else checkout(opts.new, Path(tmp) / "new")
+        envs = {side: {"SPECLI_COST_CACHE": "0"} if opts.no_cache
+                else {"SPECLI_CACHE_DIR": str(Path(tmp) / f"cache-{side}"), "SPECLI_COST_CACHE": "1"}
+                for side in roots}
         try:
-            rows = measure(opts, roots)
+            rows = measure(opts, roots, envs)
         finally:
             for root in roots.values():
                 if root != new:
@@ -78,7 +88,7 @@ def main() -> None:
         Path(opts.json_path).write_text(json.dumps(rows, indent=2))
 
 
-def measure(opts: argparse.Namespace, roots: dict[str, Path]) -> list[dict]:
+def measure(opts: argparse.Namespace, roots: dict[str, Path], envs: dict[str, dict[str, str]]) -> list[dict]:
     prompts = opts.prompt or ["repetitive", "copy-edit", "code", "story"]
     draft = ["--no-draft"] if opts.draft == "none" else ["--draft", opts.draft]
     rows = []
@@ -90,15 +100,21 @@ def measure(opts: argparse.Namespace, roots: dict[str, Path]) -> list[dict]:
             rates: dict[str, list[float]] = {"old": [], "new": []}
             accept: dict[str, list[float]] = {"old": [], "new": []}
             ratios = []
-            for rep in range(opts.repeat):
-                args = ["--target", opts.target, *draft, "-k", opts.k, "--temp", str(temp), "-n", str(opts.n),
-                        "--ignore-eos", "-s", str(1000 + rep), "-t", str(opts.threads), "-c", str(opts.ctx),
+            def args_for(seed: int, temp: float = temp, name: str = name) -> list[str]:
+                return ["--target", opts.target, *draft, "-k", opts.k, "--temp", str(temp), "-n", str(opts.n),
+                        "--ignore-eos", "-s", str(seed), "-t", str(opts.threads), "-c", str(opts.ctx),
                         ALL_PROMPTS[name]]
+
+            if opts.warm:
+                for side in roots:
+                    run_once(roots[side], args_for(999), envs[side])
+            for rep in range(opts.repeat):
+                args = args_for(1000 + rep)
                 order = ("old", "new") if pair % 2 == 0 else ("new", "old")
                 pair += 1
                 got = {}
                 for side in order:
-                    stats = run_once(roots[side], args)["stats"]
+                    stats = run_once(roots[side], args, envs[side])["stats"]
                     got[side] = stats["tokens_per_second"]
                     rates[side].append(got[side])
                     accept[side].append(stats.get("acceptance_rate") or 0.0)

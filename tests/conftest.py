@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,14 +56,7 @@ _USER_ENV = (
 )
 
 
-@pytest.fixture(autouse=True)
-def isolated_user_environment(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> Path:
-    """Every test runs in an empty directory with an empty HOME, so no models.toml (the repository's
-    own, ./models.toml, or the user's ~/.config one), no $SPECLI_CONFIG and no history file of the
-    person running the tests can change what a test sees. Yields the temporary home."""
-    home = tmp_path_factory.mktemp("home")
+def _isolate(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     for name in _USER_ENV:
         # setenv first so that monkeypatch restores the variable even when the test sets it itself
         # (`specli --debug` writes SPECLI_DEBUG into os.environ).
@@ -75,6 +69,28 @@ def isolated_user_environment(
     work = home / "cwd"
     work.mkdir()
     monkeypatch.chdir(work)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_session_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The same for session- and module-scoped fixtures, which are set up before a test's own
+    environment: a server they start (and every Speculator they close) would otherwise read the
+    user's models.toml and write the user's cost cache."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        home = tmp_path_factory.mktemp("session-home")
+        _isolate(monkeypatch, home)
+        yield home
+
+
+@pytest.fixture(autouse=True)
+def isolated_user_environment(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Every test runs in an empty directory with an empty HOME, so no models.toml (the repository's
+    own, ./models.toml, or the user's ~/.config one), no $SPECLI_CONFIG and no history file of the
+    person running the tests can change what a test sees. Yields the temporary home."""
+    home = tmp_path_factory.mktemp("home")
+    _isolate(monkeypatch, home)
     return home
 
 
