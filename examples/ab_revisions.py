@@ -9,7 +9,8 @@ Python (its `specli` package first on sys.path). Each run is a new process, as a
 (what auto learned is not carried between runs, but for what specli.costcache keeps); rates exclude
 load and prompt (GenerationStats). Each revision has its own cost cache, empty at the start (one
 shared file would be overwritten by the other revision's), or none with --no-cache; --warm runs each
-side once, uncounted, before each prompt's pairs (a user's second run). Pairs alternate which
+side once per prompt, uncounted, first (a user's second run); --mixed cycles the prompts within each
+repeat, so that what a run's cache carries was learned on another text. Pairs alternate which
 revision runs first. Prompts: compare_llamacpp.py's (repetitive, copy-edit, code) and bench's
 built-in ones (story, chat).
 """
@@ -66,7 +67,8 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("--no-cache", action="store_true", help="no cost cache on either side")
-    ap.add_argument("--warm", action="store_true", help="one uncounted run per side before each prompt")
+    ap.add_argument("--warm", action="store_true", help="one uncounted run per side and prompt first")
+    ap.add_argument("--mixed", action="store_true", help="cycle the prompts within each repeat")
     ap.add_argument("--json", dest="json_path")
     opts = ap.parse_args()
 
@@ -92,38 +94,45 @@ def measure(opts: argparse.Namespace, roots: dict[str, Path], envs: dict[str, di
     prompts = opts.prompt or ["repetitive", "copy-edit", "code", "story"]
     draft = ["--no-draft"] if opts.draft == "none" else ["--draft", opts.draft]
     rows = []
-    pair = 0
     print(f"{'prompt':<11} {'T':>4} {'k':>5}  {'old tok/s':>9} {'new tok/s':>9}  {'new/old':>7}  "
           f"{'old acc':>7} {'new acc':>7}", flush=True)
-    for temp in (float(t) for t in opts.temp.split(",")):
-        for name in prompts:
-            rates: dict[str, list[float]] = {"old": [], "new": []}
-            accept: dict[str, list[float]] = {"old": [], "new": []}
-            ratios = []
-            def args_for(seed: int, temp: float = temp, name: str = name) -> list[str]:
-                return ["--target", opts.target, *draft, "-k", opts.k, "--temp", str(temp), "-n", str(opts.n),
-                        "--ignore-eos", "-s", str(seed), "-t", str(opts.threads), "-c", str(opts.ctx),
-                        ALL_PROMPTS[name]]
 
-            if opts.warm:
+    def args_for(temp: float, name: str, seed: int) -> list[str]:
+        return ["--target", opts.target, *draft, "-k", opts.k, "--temp", str(temp), "-n", str(opts.n),
+                "--ignore-eos", "-s", str(seed), "-t", str(opts.threads), "-c", str(opts.ctx),
+                ALL_PROMPTS[name]]
+
+    pair = 0
+    for temp in (float(t) for t in opts.temp.split(",")):
+        # Each cell: rates and acceptance of each side, and the per-pair ratios.
+        cells = {name: {"old": [], "new": [], "old_acc": [], "new_acc": [], "ratios": []} for name in prompts}
+        if opts.warm:
+            for name in prompts:
                 for side in roots:
-                    run_once(roots[side], args_for(999), envs[side])
-            for rep in range(opts.repeat):
-                args = args_for(1000 + rep)
-                order = ("old", "new") if pair % 2 == 0 else ("new", "old")
-                pair += 1
-                got = {}
-                for side in order:
-                    stats = run_once(roots[side], args, envs[side])["stats"]
-                    got[side] = stats["tokens_per_second"]
-                    rates[side].append(got[side])
-                    accept[side].append(stats.get("acceptance_rate") or 0.0)
-                ratios.append(got["new"] / got["old"])
+                    run_once(roots[side], args_for(temp, name, 999), envs[side])
+        # --mixed: each repeat runs every prompt in turn, so each run follows another prompt's (as a
+        # user's runs of different texts: what the cache carries comes from another text); otherwise
+        # a prompt's repeats run back to back.
+        schedule = ([(rep, name) for rep in range(opts.repeat) for name in prompts] if opts.mixed
+                    else [(rep, name) for name in prompts for rep in range(opts.repeat)])
+        for rep, name in schedule:
+            cell = cells[name]
+            order = ("old", "new") if pair % 2 == 0 else ("new", "old")
+            pair += 1
+            got = {}
+            for side in order:
+                stats = run_once(roots[side], args_for(temp, name, 1000 + rep), envs[side])["stats"]
+                got[side] = stats["tokens_per_second"]
+                cell[side].append(got[side])
+                cell[f"{side}_acc"].append(stats.get("acceptance_rate") or 0.0)
+            cell["ratios"].append(got["new"] / got["old"])
+        for name in prompts:
+            cell = cells[name]
             row = {"prompt": name, "temp": temp, "k": opts.k, "draft": opts.draft,
-                   "old": statistics.median(rates["old"]), "new": statistics.median(rates["new"]),
-                   "ratio": statistics.median(ratios), "ratios": ratios,
-                   "old_acceptance": statistics.median(accept["old"]),
-                   "new_acceptance": statistics.median(accept["new"])}
+                   "old": statistics.median(cell["old"]), "new": statistics.median(cell["new"]),
+                   "ratio": statistics.median(cell["ratios"]), "ratios": cell["ratios"],
+                   "old_acceptance": statistics.median(cell["old_acc"]),
+                   "new_acceptance": statistics.median(cell["new_acc"])}
             rows.append(row)
             print(f"{name:<11} {temp:>4g} {opts.k:>5}  {row['old']:>9.1f} {row['new']:>9.1f}  "
                   f"{row['ratio']:>7.3f}  {row['old_acceptance']:>7.2f} {row['new_acceptance']:>7.2f}",
@@ -131,7 +140,6 @@ def measure(opts: argparse.Namespace, roots: dict[str, Path], envs: dict[str, di
     print(f"median of per-pair ratios over all cells: "
           f"{statistics.median(r for row in rows for r in row['ratios']):.3f}")
     return rows
-
 
 if __name__ == "__main__":
     main()

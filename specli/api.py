@@ -19,7 +19,6 @@ from specli.drafters.base import Drafter
 from specli.drafters.registry import BuildRequest, drafter_kind
 from specli.engine import Generation, GenerationParams, SpeculativeEngine
 from specli.llama import Model, ModelOptions
-from specli.policy import kept_calibration
 
 
 class Speculator:
@@ -30,12 +29,10 @@ class Speculator:
         self.drafter = drafter
         self.engine = SpeculativeEngine(target, drafter)
         # What decodes cost here, as an earlier process over the same files measured it (costcache):
-        # auto starts from it instead of timing every batch size anew (and, for free looks, from
-        # the acceptance it learned).
+        # auto starts from it instead of timing every batch size anew.
         self._cost_identity = costcache.identity(target, drafter) if drafter is not None else None
         self.cost_file = costcache.cache_path(self._cost_identity) if self._cost_identity else None
-        self._kept = costcache.restore(self.engine.costs, self.cost_file) or {}
-        self._sampling_keys: set[str] = set()
+        costcache.restore(self.engine.costs, self.cost_file)
 
     def tokenize(self, prompt: str) -> list[int]:
         """The target's tokens for `prompt` (BOS added if the model wants it); the draft uses the same ids."""
@@ -44,23 +41,13 @@ class Speculator:
     def generate(self, prompt: str | list[int], params: GenerationParams | None = None) -> Generation:
         """A generation: iterate it for events; its text, tokens and stats are current after each."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
-        params = params or GenerationParams()
-        key = costcache.sampling_key(params.sampling)
-        if not self._sampling_keys:
-            # The first generation starts from what an earlier process learned at this temperature.
-            self.engine.learned.calibration.update(self._kept.get(key, {}))
-        self._sampling_keys.add(key)
-        return self.engine.generate(tokens, params)
+        return self.engine.generate(tokens, params or GenerationParams())
 
     def close(self) -> None:
         """Free the models this Speculator loaded (the drafter's, then the target), after saving what
-        decodes cost (and what free looks' confidence is worth) for the next process (costcache)."""
+        decodes cost for the next process (costcache)."""
         if self.cost_file is not None:
-            calibration = dict(self._kept)
-            if len(self._sampling_keys) == 1:  # (what several temperatures taught is none's alone)
-                calibration[next(iter(self._sampling_keys))] = kept_calibration(self.engine.costs,
-                                                                                self.engine.learned)
-            costcache.save(self.engine.costs, self.cost_file, self._cost_identity, calibration)
+            costcache.save(self.engine.costs, self.cost_file, self._cost_identity)
             self.cost_file = None
         if self.drafter is not None:
             self.drafter.close()

@@ -5,10 +5,8 @@
 rounds timing batch sizes: fresh `specli run` processes with the costs of earlier ones against none
 (Gemma 3 270M, n-gram lookup, T 0, 256 tokens) ran repetitive text 1.19x, code 1.07x, a copy-edit
 1.01x as fast. So the cost model is kept in a small JSON file per machine, pair of models and thread
-count, read when a Speculator is built and written when it closes. With it goes the acceptance by
-confidence of sources whose looks are free (n-gram lookup: policy.kept_calibration), by temperature,
-weighing a few rounds' observations so that a new text corrects it quickly; a draft model's is
-learned anew.
+count, read when a Speculator is built and written when it closes. Only costs are kept: acceptance
+describes the text and is learned anew.
 
 SPECLI_COST_CACHE=0 turns it off; SPECLI_CACHE_DIR moves it (default $XDG_CACHE_HOME/specli, or
 ~/.cache/specli). A missing, unreadable or malformed file is the same as none: nothing here raises.
@@ -25,13 +23,8 @@ from pathlib import Path
 from specli.costs import CostModel
 from specli.drafters.base import Drafter
 from specli.llama import Model, repacks
-from specli.policy import Calibration
-from specli.sampling import SamplingParams
 
 FORMAT = 1
-# A restored calibration bin weighs at most this many observations: it spares a new process the ramp
-# from the prior, and a text unlike the earlier ones corrects it within a few rounds.
-RESTORED_WEIGHT = 4.0
 
 
 def cache_directory() -> Path | None:
@@ -77,45 +70,29 @@ def cache_path(about: dict) -> Path | None:
     return directory / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
-def sampling_key(sampling: SamplingParams) -> str:
-    """What a kept calibration is filed under: the temperature (a draft's acceptance by confidence at T
-    0.8 is not greedy's: restored from greedy runs, Gemma's n-gram lookup at T 0.8 drafted more and ran
-    0.92x)."""
-    return f"temp={round(sampling.temperature, 1):g}"
-
-
-def restore(costs: CostModel, path: Path | None) -> dict[str, dict[str, Calibration]] | None:
-    """Load the costs an earlier process saved at `path` into `costs`; return the calibrations it kept
-    (by `sampling_key`, then source), or None if there was nothing (or nothing usable: a damaged file
-    is ignored, and overwritten at the next save)."""
+def restore(costs: CostModel, path: Path | None) -> bool:
+    """Load the costs an earlier process saved at `path` into `costs`; False if there were none (or
+    none usable: a damaged file is ignored, and overwritten at the next save)."""
     if path is None:
-        return None
+        return False
     try:
         record = json.loads(path.read_text())
         if not isinstance(record, dict) or record.get("format") != FORMAT:
-            return None
-        calibration = {str(key): {str(source): Calibration.restored(kept, RESTORED_WEIGHT)
-                                  for source, kept in by_source.items()}
-                       for key, by_source in record.get("calibration", {}).items()}
+            return False
         costs.restore(record["costs"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None
-    return calibration
+        return False
+    return True
 
 
-def save(costs: CostModel, path: Path | None, about: dict | None = None,
-         calibration: dict[str, dict[str, Calibration]] | None = None) -> bool:
-    """Write `costs` (and `calibration`, by `sampling_key`, then source) to `path` (atomically: a
-    reader never sees half a file); False if it could not."""
+def save(costs: CostModel, path: Path | None, about: dict | None = None) -> bool:
+    """Write `costs` to `path` (atomically: a reader never sees half a file); False if it could not."""
     if path is None or not costs.verify:
         return False
-    record = {"format": FORMAT, "identity": about, "costs": costs.to_record(),
-              "calibration": {key: {source: cal.to_record() for source, cal in by_source.items()}
-                              for key, by_source in (calibration or {}).items()}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(record))
+        partial.write_text(json.dumps({"format": FORMAT, "identity": about, "costs": costs.to_record()}))
         os.replace(partial, path)
     except OSError:
         return False

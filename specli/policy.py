@@ -31,7 +31,7 @@ fixed k drafts every position whatever the draft's doubts.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,24 +82,6 @@ class Calibration:
     def bin(confidence: float) -> int:
         return int(np.searchsorted(_CONFIDENCE_EDGES, confidence, side="right"))
 
-    def to_record(self) -> dict[str, list[float]]:
-        """The acceptance by confidence (not the first-position histogram, which describes the text)."""
-        return {"accepted": self.accepted.tolist(), "seen": self.seen.tolist()}
-
-    @staticmethod
-    def restored(record: Mapping, weight: float) -> Calibration:
-        """A calibration from an earlier process's `to_record`, each bin weighing at most `weight`
-        observations, so that a text unlike the earlier ones corrects it within a few rounds.
-        ValueError if the record is malformed."""
-        accepted = np.asarray(record["accepted"], dtype=float)
-        seen = np.asarray(record["seen"], dtype=float)
-        if (accepted.shape != _CONFIDENCE_MIDS.shape or seen.shape != _CONFIDENCE_MIDS.shape
-                or not (np.isfinite(accepted).all() and np.isfinite(seen).all())
-                or (seen <= 0).any() or (accepted < 0).any() or (accepted > seen * (1 + 1e-9)).any()):
-            raise ValueError("not a calibration record")
-        scale = np.minimum(1.0, weight / seen)
-        return Calibration(accepted=accepted * scale, seen=seen * scale)
-
     def acceptance(self, confidence: float) -> float:
         b = self.bin(confidence)
         return float(self.accepted[b] / self.seen[b])
@@ -127,22 +109,6 @@ class Learned:
 
     calibration: dict[str, Calibration] = field(default_factory=dict)
     hopeless: dict[str, int] = field(default_factory=dict)
-
-
-def free_look(costs: CostModel, source: str) -> bool:
-    """Whether a draft step of `source` costs next to nothing against a target token (n-gram lookup)."""
-    verify, step = costs.verify_seconds(1), costs.draft_seconds_per_token(source)
-    return verify is not None and step is not None and step < FREE_LOOK * verify[0]
-
-
-def kept_calibration(costs: CostModel, learned: Learned) -> dict[str, Calibration]:
-    """The calibrations a later process over the same models may start from: those of sources whose
-    looks are free. A new process otherwise starts each from its prior and ramps up (an n-gram copy of
-    a 150k-vocabulary target drafted 2, then 11, then 64 tokens; Gemma's copy-edit began with six plain
-    rounds), and where looking is free a calibration too eager for a new text costs only verify rows
-    for the few rounds it takes to correct. A draft model's would also cost draft steps: restored, the
-    150k pair's draft at T 1, where drafting barely pays, drafted 2.6x as many tokens (0.99x)."""
-    return {source: cal for source, cal in learned.calibration.items() if free_look(costs, source)}
 
 
 @dataclass(frozen=True)

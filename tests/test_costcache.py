@@ -11,7 +11,6 @@ from specli import costcache
 from specli.api import load
 from specli.costs import CostModel
 from specli.engine import GenerationParams
-from specli.policy import Calibration, Learned, kept_calibration
 from specli.sampling import SamplingParams
 
 
@@ -111,61 +110,3 @@ def test_the_cache_lives_under_the_users_cache_directory(monkeypatch: pytest.Mon
     assert costcache.cache_directory() == tmp_path / "specli" / "costs"
     monkeypatch.setenv("SPECLI_COST_CACHE", "off")
     assert costcache.cache_directory() is None
-
-
-def test_only_free_looks_keep_their_calibration() -> None:
-    costs, learned = CostModel(), Learned()
-    for _ in range(3):
-        costs.observe_verify(1, 0.010)
-        costs.observe_draft("ngram", 8, 0.000_08)  # 10 us a position: 0.1 % of a target token
-        costs.observe_draft("draft", 2, 0.004)  # a draft model's step: 20 % of one
-    for source in ("ngram", "draft", "mtp"):  # mtp: no step measured
-        learned.calibration[source] = Calibration()
-    assert set(kept_calibration(costs, learned)) == {"ngram"}
-    assert kept_calibration(CostModel(), learned) == {}  # nothing measured: nothing is known to be free
-
-
-def _params(temperature: float) -> GenerationParams:
-    return GenerationParams(max_tokens=24, ignore_eos=True, seed=7,
-                            sampling=SamplingParams(temperature=temperature))
-
-
-def test_a_new_process_starts_from_the_kept_calibration_but_corrects_it_quickly(
-        fixture_models, cache_dir: Path) -> None:
-    with load(fixture_models.target, "ngram", n_ctx=512, n_threads=1) as spec:
-        _generate(spec)  # greedy
-        for _ in range(spec.engine.costs.window):
-            spec.engine.costs.observe_verify(1, 1.0)  # a target token dear enough for looks to be free
-        cal = spec.engine.learned.calibration.setdefault("ngram", Calibration())
-        for _ in range(200):
-            cal.observe(0.5, 1.0)  # as after long copies: one sighting of a passage is copied on
-        learned = cal.acceptance(0.5)
-    assert learned > 0.99
-    with load(fixture_models.target, "ngram", n_ctx=512, n_threads=1) as spec:
-        spec.generate("Once upon a time", _params(0.8))  # (not run: the calibration is set up at the call)
-        assert "ngram" not in spec.engine.learned.calibration  # greedy's acceptance is not T 0.8's
-    with load(fixture_models.target, "ngram", n_ctx=512, n_threads=1) as spec:
-        spec.generate("Once upon a time", _params(0.0))
-        restored = spec.engine.learned.calibration["ngram"]
-        assert restored.acceptance(0.5) == pytest.approx(learned)
-        assert restored.seen.max() <= costcache.RESTORED_WEIGHT  # weighs a few rounds, not 200
-        for _ in range(4):
-            restored.observe(0.5, 0.0)  # a text where such copies fail
-        assert restored.acceptance(0.5) < 0.6
-        assert restored.first.sum() == 0  # where first positions fall describes the text: not kept
-    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
-        spec.generate("Once upon a time", _params(0.0))
-        assert "ngram" not in spec.engine.learned.calibration  # another pair, another file
-        _generate(spec)
-        assert "draft" in spec.engine.learned.calibration
-    records = [json.loads(f.read_text()) for f in cache_dir.iterdir()]
-    # A draft model's calibration is not kept; greedy's outlived a process at T 0.8.
-    assert sorted(sorted(r["calibration"].get("temp=0", {})) for r in records) == [[], ["ngram"]]
-
-
-def test_a_damaged_calibration_leaves_the_whole_record_unused() -> None:
-    good = Calibration().to_record()
-    for bad in ({**good, "seen": good["seen"][:-1]}, {**good, "accepted": [2.0] * len(good["seen"])},
-                {**good, "seen": [0.0] * len(good["seen"])}, {"accepted": good["accepted"]}):
-        with pytest.raises((ValueError, KeyError)):
-            Calibration.restored(bad, 4.0)
