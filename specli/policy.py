@@ -24,8 +24,10 @@ target), the source is hopeless: no shadows for the generation, and in later one
 `RECHECK_EVERY` looks again.
 
 The cost model and `Learned` (calibration, hopeless sources) outlive a generation: they describe the
-machine and the pair of models. The cost model also outlives the process (specli.costcache). A
-fixed k drafts every position whatever the draft's doubts.
+machine and the pair of models. Where confidence is a statistic of the text itself (n-gram lookup),
+what it was worth on earlier prompts only starts the next one as a light prior (CARRIED_WEIGHT).
+The cost model also outlives the process (specli.costcache). A fixed k drafts every position
+whatever the draft's doubts.
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ RATE_DECAY = 0.9  # per round: the reference rate follows the text within ~10 ro
 # give (all of them drafted in one batch and accepted): below 1, so that drafting them can pay.
 END_SHARE = 0.9
 WORTH_REFRESH = 8  # rounds between recomputations of what each confidence band is worth
+# When a generation starts, what earlier ones taught the calibration of a source whose confidence is
+# the text's (n-gram lookup) weighs at most this many observations per bin: the next prompt may be
+# another kind of text (confidence that a copy-edit's copies earned, ~50 observations deep, made
+# bench's code prompt after it draft 374 tokens for 227 accepted). A draft model's calibration
+# describes the pair of models and carries whole (capped too, the 150k pair at T 1 lost 3-7 %).
+CARRIED_WEIGHT = 4.0
 
 # Confidence bins: finer near 1, where a draft that knows the text puts most of its tokens.
 _CONFIDENCE_EDGES = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98])
@@ -89,6 +97,13 @@ class Calibration:
     def acceptances(self) -> np.ndarray:
         """The acceptance of every bin (capped below 1: a sure run still ends somewhere)."""
         return np.minimum(self.accepted / self.seen, 0.999)
+
+    def carry(self, weight: float) -> None:
+        """Make each bin weigh at most `weight` observations, its acceptance unchanged (a new prompt
+        starts: what earlier texts taught becomes a prior its own rounds soon outweigh)."""
+        scale = np.minimum(1.0, weight / self.seen)
+        self.accepted *= scale
+        self.seen *= scale
 
     def observe(self, confidence: float, acceptance: float, decay: float = 0.98) -> None:
         b = self.bin(confidence)
@@ -245,9 +260,12 @@ class AutoK(DraftPolicy):
     plain_rounds: int = 0  # rounds since the last one that drafted (shadows are rationed by it)
     hopeless: set[str] = field(default_factory=set)  # sources that would not pay even at their surest
     left: int | None = None  # tokens the generation can still emit (this round's `decide`)
+    text_sources: frozenset[str] = frozenset()  # sources whose confidence is the text's (n-gram)
     _worth_cache: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        for source in self.text_sources & self.learned.calibration.keys():
+            self.learned.calibration[source].carry(CARRIED_WEIGHT)
         for source, since in self.learned.hopeless.items():
             self.learned.hopeless[source] = since + 1
             if (since + 1) % RECHECK_EVERY:

@@ -127,5 +127,6 @@ def make_proposer(
     if drafter is None:
         return Proposer()
     if draft_max == "auto":
-        return DraftingProposer(drafter, AutoK(costs, learned))
+        of_text = frozenset(s.name for s in drafter.sources if s.confidence_of_text)
+        return DraftingProposer(drafter, AutoK(costs, learned, text_sources=of_text))
     return DraftingProposer(drafter, FixedK(int(draft_max)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specli.costs import CostModel
-from specli.policy import AutoK, Calibration, Decision, Learned, RoundReport
+from specli.policy import CARRIED_WEIGHT, AutoK, Calibration, Decision, Learned, RoundReport
 from specli.sampling import SamplingParams, acceptance_probability
 
 # A 2-core CPU's verify staircase (ms, from `specli bench` on the demo target): m = 2 costs 1.7x m = 1,
@@ -372,6 +372,23 @@ def test_the_calibration_carries_to_the_next_generation() -> None:
     second = AutoK(costs, learned)  # the next generation on the same models
     assert second.learned.calibration["draft"].acceptance(0.45) > 0.9
     assert "draft" not in AutoK(costs).learned.calibration
+
+
+def test_what_the_text_taught_starts_the_next_generation_as_a_light_prior() -> None:
+    costs, learned = _costs(CPU_STAIRCASE), Learned()
+    first = AutoK(costs, learned, text_sources=frozenset({"ngram"}))
+    for source in ("ngram", "draft"):
+        for _ in range(60):  # a copy-edit's copies, all accepted
+            first.observe(RoundReport(source, 4, 4, 0.0, 0.064, 4, confidence=[0.55] * 4,
+                                      first_confidence=0.55))
+    deep = learned.calibration["draft"].seen.max()
+    AutoK(costs, learned, text_sources=frozenset({"ngram"}))  # the next prompt
+    ngram, draft = learned.calibration["ngram"], learned.calibration["draft"]
+    assert ngram.acceptance(0.55) > 0.99 and ngram.seen.max() == pytest.approx(CARRIED_WEIGHT)
+    assert draft.seen.max() == pytest.approx(deep)  # a model's confidence describes the models: kept whole
+    for _ in range(3):  # code whose recurring lines go on otherwise
+        ngram.observe(0.55, 0.0)
+    assert ngram.acceptance(0.55) < 0.6
 
 
 def test_acceptance_probability_is_the_rule_in_expectation() -> None:

@@ -152,6 +152,9 @@ class Source:
     the drafter registry's). Every source reports its confidence per position, which auto's gate reads."""
 
     name: str  # Draft.drafter, TokenEvent.drafter, the policy's key, what front ends print
+    # Its confidence is a statistic of the text itself (n-gram counts), so what it is worth changes
+    # from one prompt to the next; a draft model's describes the pair of models.
+    confidence_of_text: bool = False
 
 
 class Drafter(ABC):

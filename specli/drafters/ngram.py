@@ -43,7 +43,7 @@ MAX_OCCURRENCES = 16
 
 class NGramDrafter(Drafter):
     name = "ngram"
-    sources = (Source("ngram"),)
+    sources = (Source("ngram", confidence_of_text=True),)
 
     def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
         if not 1 <= n_min <= n_max:
