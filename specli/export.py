@@ -21,17 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specli.drafters.ngram import LONG_N
 from specli.drafters.registry import drafter_kind
 from specli.llama import cpu_has_amx
-from specli.settings import AUTO, RunSettings, UsageProblem
+from specli.settings import AUTO, MAX_DRAFT_K, RunSettings, UsageProblem
 
 ENGINES = ("llama-server", "vllm", "sglang")
 
 # -k auto has no equivalent anywhere: without a bench to say better, this k (the middle of bench's
 # default list 1,2,4,8, and close to what bench measures best for small pairs on a CPU).
 DEFAULT_EXPORT_K = 4
-# specli's n-gram lookup tries the longest match of 4 down to 1 tokens (drafters/ngram.py). vLLM's
-# prompt lookup does the same (prompt_lookup_max/min); llama-server's ngram-simple matches one length.
+# specli's n-gram lookup follows LONG_N-token matches, else tries the longest match of 4 down to 1
+# tokens (drafters/ngram.py). vLLM's prompt lookup does the latter (prompt_lookup_max/min);
+# llama-server's ngram-simple matches one length.
 NGRAM_LOOKUP_MAX, NGRAM_LOOKUP_MIN = 4, 1
 LLAMA_SERVER_NGRAM_LOOKUP = 3
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
@@ -198,9 +200,11 @@ def _llama_server(spec: ExportInput, drafter: str | None, k: int, host: str,
         # ngram-simple drafts up to size-m tokens after a size-n match (llama.cpp common/ngram-map.cpp)
         argv += ["--spec-ngram-simple-size-n", str(LLAMA_SERVER_NGRAM_LOOKUP),
                  "--spec-ngram-simple-size-m", str(k)]
-        notes.append(f"n-gram lookup: specli matches the longest of the last {NGRAM_LOOKUP_MAX}..."
-                     f"{NGRAM_LOOKUP_MIN} tokens; llama-server's ngram-simple matches exactly "
-                     f"{LLAMA_SERVER_NGRAM_LOOKUP} (--spec-ngram-simple-size-n)")
+        notes.append(f"n-gram lookup: specli follows a {LONG_N}-token match for up to {MAX_DRAFT_K} tokens, "
+                     f"else the longest of the last {NGRAM_LOOKUP_MAX}...{NGRAM_LOOKUP_MIN} tokens; "
+                     f"llama-server's ngram-simple matches exactly {LLAMA_SERVER_NGRAM_LOOKUP} "
+                     "(--spec-ngram-simple-size-n); on long copies its --spec-type ngram-mod at its "
+                     "defaults was the fastest of its types (docs/performance.md)")
     if drafter in ("model", "model+ngram", "mtp"):
         argv += ["--spec-draft-p-min", f"{s.draft_p_min:g}"]
     argv += ["-c", str(s.ctx), "-ngl", _gpu_layers(s.gpu_layers)]
