@@ -137,6 +137,20 @@ def test_calibration_starts_from_the_confidence_and_learns_the_pair() -> None:
         cal.observe(0.35, 1.0)  # this pair agrees even where the draft is unsure
     assert cal.acceptance(0.35) > 0.9
     assert cal.acceptance(0.99) == pytest.approx(0.99)
+    assert cal.acceptance(0.15) == pytest.approx(0.15)  # what a surer bin learned says nothing of it
+
+
+def test_a_surer_bin_starts_from_what_a_less_sure_one_learned_until_its_own_rounds_say_otherwise() -> None:
+    cal, model = Calibration(borrow=True), Calibration()
+    for _ in range(50):
+        cal.observe(0.55, 1.0)  # n-gram lookup's copies of one earlier sighting: all accepted
+        model.observe(0.55, 1.0)
+    assert cal.acceptance(0.65) > 0.95  # two sightings of a copy after a fork: not the prior's 0.65
+    assert model.acceptance(0.65) == pytest.approx(0.65)  # a draft model's bins learn on their own
+    assert AutoK(text_sources=frozenset({"ngram"}))._calibration("ngram").borrow
+    cal.observe(0.65, 0.0)
+    cal.observe(0.65, 0.0)
+    assert cal.acceptance(0.65) < 0.4  # its own failures outweigh the borrowed prior
 
 
 def test_gate_drafts_while_confident_and_stops_at_a_doubtful_position() -> None:
