@@ -22,7 +22,7 @@ from pathlib import Path
 
 from specli.costs import CostModel
 from specli.drafters.base import Drafter
-from specli.llama import Model, repacks
+from specli.llama import Model, cpuinfo, repacks
 
 FORMAT = 1
 
@@ -53,7 +53,7 @@ def identity(target: Model, drafter: Drafter | None) -> dict:
 
     return {
         "format": FORMAT,
-        "machine": [platform.machine(), _cpu_name(), os.cpu_count()],
+        "machine": [platform.machine(), cpuinfo("model name") or platform.processor(), os.cpu_count()],
         "llama_cpp": getattr(llama_cpp, "__version__", None),
         "target": model(target),
         "drafter": None if drafter is None else {"name": drafter.name,
@@ -97,14 +97,3 @@ def save(costs: CostModel, path: Path | None, about: dict | None = None) -> bool
     except OSError:
         return False
     return True
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()

@@ -84,19 +84,25 @@ MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
 
 
 @functools.cache
+def cpuinfo(field: str) -> str | None:
+    """The first CPU's `field` in /proc/cpuinfo (Linux), None where there is none; read once per field."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == field:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
 def cpu_has_amx() -> bool:
     """Whether the CPU advertises Intel AMX (Linux). llama.cpp's AMX matrix kernels, which repacked
     weights use for batches of more than one token, crash there on some Xeons (llama.cpp issue
     #20824; seen on the 2-core Xeon machines this project is developed on: every verify batch of a
     K-quant or Q8_0 model, and llama-bench's prompt test), so specli does not repack on such CPUs."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "amx_int8" in line.split()
-    except OSError:
-        pass
-    return False
+    return "amx_int8" in (cpuinfo("flags") or "").split()
 
 
 def repacks(opts: ModelOptions) -> bool:
