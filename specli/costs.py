@@ -75,6 +75,14 @@ def best_net_gain(first: float, f: float, verify: np.ndarray, i: int, n_max: int
     return float((run_gain(first, f, n) - rate * run_cost(verify, i, n, c_draft)).max())
 
 
+def best_rate(acceptance: float, verify: np.ndarray, c_draft: float) -> float:
+    """The most tokens per second a round can be expected to yield when each draft passes with
+    `acceptance` given the one before passed: the best of 1 + run_gain over T_v(n+1) + n c_d, n = 0
+    (plain decoding) up to len(verify) - 1."""
+    n = np.arange(len(verify))
+    return float(((1.0 + run_gain(acceptance, acceptance, n)) / (verify + n * c_draft)).max())
+
+
 def later_examined(k: int, accepted: int) -> int:
     """Drafts after the first that the target judged in a round of k with `accepted` accepted: the
     accepted ones after the first, and the first rejected one if it was not the first draft."""

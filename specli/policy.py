@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specli.costs import CostModel, best_net_gain, run_cost
+from specli.costs import CostModel, best_net_gain, best_rate, run_cost
 from specli.drafters.base import DraftGate
 
 # Batch sizes the gate prices: enough for the longest draft a round can make (settings.MAX_DRAFT_K).
@@ -306,13 +306,19 @@ class AutoK(DraftPolicy):
         # The recent rounds' rate once they are a few tokens' worth: a rate from one or two rounds
         # is noise, and a high one makes every draft step look dear for the whole generation.
         rate = max(1.0 / verify[0], tokens / seconds if tokens >= RATE_TOKENS else 0.0)
+        acceptances = self._calibration(source).acceptances()
+        # But no more than the best rate a round can be expected to give (each draft at the best
+        # acceptance learned): after rounds faster than the verify curve's medians, a reference rate
+        # above every option priced a sure 64-token copy of a 150k-vocabulary target at a loss, and
+        # the round went plain (47 ms for 1 token where 64 took 450 ms).
+        rate = min(rate, best_rate(float(acceptances.max()), np.asarray(verify), c_draft))
         if self.left is not None and self.left <= len(verify):
             # Near the output's end the time to come is that of the tokens left, at best all in one
             # batch: priced at the recent rate (after long copies, several times plain decoding), a
             # draft of the last tokens looked dear and they were decoded one by one (the last ~45 of a
             # 152k-vocabulary target's copy: 10 plain rounds, a fifth of the generation).
             rate = min(rate, max(1.0 / verify[0], END_SHARE * self.left / verify[self.left - 1]))
-        return GateInputs(np.asarray(verify), c_draft, rate, self._calibration(source).acceptances())
+        return GateInputs(np.asarray(verify), c_draft, rate, acceptances)
 
     def _worth(self, source: str, inputs: GateInputs) -> np.ndarray:
         """Per confidence bin, the tokens (beyond their cost at the reference rate) a round gains whose

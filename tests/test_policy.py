@@ -470,3 +470,21 @@ def test_the_last_tokens_of_a_copy_are_drafted_however_fast_the_copy_went() -> N
     assert policy.gate("ngram", Decision(45)).best_prefix([0.5] * 45) == 0  # mid-generation: dear
     assert policy.decide("ngram", 45, left=46) == Decision(45)
     assert policy.gate("ngram", Decision(45)).best_prefix([0.5] * 45) == 45
+
+
+def test_a_reference_rate_above_every_option_does_not_make_a_sure_copy_go_plain() -> None:
+    """The reference rate is at most what a round can be expected to give: after a 64-token copy
+    faster than the verify curve's medians (a 150k-vocabulary target: 65 tokens in 450 ms, curve
+    487), every length looked dear at that rate and the next round of the copy went plain (47 ms for
+    one token)."""
+    curve = {1: 50.0, 2: 58.0, 4: 83.0, 8: 133.0, 16: 235.0, 32: 437.0, 65: 487.0}
+    policy = AutoK(_costs(curve))
+    for _ in range(2):
+        policy.costs.observe_draft("ngram", 1, 0.00001)
+    cal = policy.learned.calibration.setdefault("ngram", Calibration())
+    for _ in range(64):
+        cal.observe(0.5, 1.0)
+    policy.rate = [65.0, 0.450]
+    inputs = policy.inputs("ngram")
+    assert inputs is not None and inputs.rate < 65.0 / 0.450
+    assert policy.gate("ngram", Decision(64)).best_prefix([0.5] * 64) == 64
