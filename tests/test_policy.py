@@ -488,3 +488,17 @@ def test_a_reference_rate_above_every_option_does_not_make_a_sure_copy_go_plain(
     inputs = policy.inputs("ngram")
     assert inputs is not None and inputs.rate < 65.0 / 0.450
     assert policy.gate("ngram", Decision(64)).best_prefix([0.5] * 64) == 64
+
+
+def test_a_text_sources_first_rounds_weigh_more_against_its_prior_than_a_models() -> None:
+    """N-gram lookup's confidence is the text's: in a new process its bins start from a prior of half
+    an observation, so a long copy's first fully accepted round lets the next draft much further (a
+    152k-vocabulary target's copy ramped 2, 20, 64 tokens a round rather than 2, 11, 64)."""
+    policy = AutoK(_costs(CPU_STAIRCASE), text_sources=frozenset({"ngram"}))
+    for source in ("ngram", "draft"):
+        policy.observe(RoundReport(source, 2, 2, 0.0, 0.064, 2, confidence=[0.55] * 2, first_confidence=0.55))
+    ngram, draft = policy.learned.calibration["ngram"], policy.learned.calibration["draft"]
+    prior = 0.98**2  # what is left of the prior's weight after two observations
+    assert ngram.acceptance(0.55) == pytest.approx((0.55 * 0.5 * prior + 0.98 + 1) / (0.5 * prior + 0.98 + 1))
+    assert draft.acceptance(0.55) == pytest.approx((0.55 * prior + 0.98 + 1) / (prior + 0.98 + 1))
+    assert ngram.acceptance(0.55) > draft.acceptance(0.55) + 0.05
