@@ -2,7 +2,8 @@
 prompts and settings; median tokens/s of each and the median of per-pair ratios (new / old).
 
     python examples/ab_revisions.py --old REV [--new REV|worktree] --target T.gguf [--draft D|ngram]
-        [--temp 0,0.8] [-k auto] [--prompt NAME ...] [-n 256] [--repeat 4] [-t 2] [--json out.json]
+        [--temp 0,0.8] [-k auto] [--prompt NAME ... | --token-prompt NAME=IDS.json ...] [-n 256]
+        [--repeat 4] [-t 2] [--json out.json]
 
 The old revision is checked out with `git worktree` into a temporary directory and run with the same
 Python (its `specli` package first on sys.path). Each run is a new process, as a user's `specli run`
@@ -12,7 +13,8 @@ shared file would be overwritten by the other revision's), or none with --no-cac
 side once per prompt, uncounted, first (a user's second run); --mixed cycles the prompts within each
 repeat, so that what a run's cache carries was learned on another text. Pairs alternate which
 revision runs first. Prompts: compare_llamacpp.py's (repetitive, copy-edit, code) and bench's
-built-in ones (story, chat).
+built-in ones (story, chat); --token-prompt NAME=FILE adds a prompt given as a JSON list of token ids
+(BOS included), generated with `specli.api` and `specli run`'s defaults (the CLI takes text only).
 """
 
 from __future__ import annotations
@@ -35,6 +37,20 @@ REPO = Path(__file__).resolve().parents[1]
 ALL_PROMPTS = {**PROMPTS, **{p.name: p.text for p in BUILTIN_PROMPTS if p.name not in PROMPTS}}
 RUNNER = ("import sys; sys.path.insert(0, {root!r}); from specli.cli import main; sys.argv[0] = 'specli'; "
           "main()")
+# A token-id prompt: the revision's specli.api with `specli run`'s defaults; prints what `run --json` does.
+TOKEN_RUNNER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from specli.api import load
+from specli.settings import RunSettings
+target, draft, ids, n, temp, seed, threads, ctx, k = json.loads(sys.argv[2])
+settings = RunSettings(max_tokens=n, temp=temp, seed=seed, ignore_eos=True, threads=threads, ctx=ctx,
+                       draft_max=int(k) if k.isdigit() else k)
+with load(target, None if draft == "none" else draft, n_ctx=ctx, n_threads=threads) as spec:
+    generation = spec.generate(ids, settings.generation_params())
+    generation.complete()
+    print(json.dumps({"stats": generation.stats.as_dict()}))
+"""
 
 
 def checkout(rev: str, where: Path) -> Path:
@@ -44,13 +60,15 @@ def checkout(rev: str, where: Path) -> Path:
 
 
 def run_once(root: Path, args: list[str], env: dict[str, str]) -> dict:
+    """`specli run ARGS --json` of the revision at root, or (args: ["--tokens", JSON]) TOKEN_RUNNER."""
     # From an empty directory: a models.toml here may hold keys the other revision does not know.
-    proc = subprocess.run([sys.executable, "-c", RUNNER.format(root=str(root)), "run", *args, "--json"],
-                          capture_output=True, text=True, timeout=900, cwd=tempfile.gettempdir(),
+    command = ([sys.executable, "-c", TOKEN_RUNNER, str(root), args[1]] if args[0] == "--tokens"
+               else [sys.executable, "-c", RUNNER.format(root=str(root)), "run", *args, "--json"])
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tempfile.gettempdir(),
                           env={**os.environ, **env})
     if proc.returncode != 0:
         raise SystemExit(f"{root}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    return json.loads(proc.stdout)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -62,6 +80,8 @@ def main() -> None:
     ap.add_argument("--temp", default="0,0.8")
     ap.add_argument("-k", default="auto")
     ap.add_argument("--prompt", action="append", choices=sorted(ALL_PROMPTS))
+    ap.add_argument("--token-prompt", action="append", default=[], metavar="NAME=FILE",
+                    help="a prompt as a JSON list of token ids")
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -91,13 +111,22 @@ def main() -> None:
 
 
 def measure(opts: argparse.Namespace, roots: dict[str, Path], envs: dict[str, dict[str, str]]) -> list[dict]:
-    prompts = opts.prompt or ["repetitive", "copy-edit", "code", "story"]
+    tokens = {}
+    for spec in opts.token_prompt:
+        name, _, file = spec.partition("=")
+        if not name or not file:
+            raise SystemExit(f"--token-prompt wants NAME=FILE, got {spec!r}")
+        tokens[name] = [int(t) for t in json.loads(Path(file).read_text())]
+    prompts = [*(opts.prompt or ([] if tokens else ["repetitive", "copy-edit", "code", "story"])), *tokens]
     draft = ["--no-draft"] if opts.draft == "none" else ["--draft", opts.draft]
     rows = []
     print(f"{'prompt':<11} {'T':>4} {'k':>5}  {'old tok/s':>9} {'new tok/s':>9}  {'new/old':>7}  "
           f"{'old acc':>7} {'new acc':>7}", flush=True)
 
     def args_for(temp: float, name: str, seed: int) -> list[str]:
+        if name in tokens:
+            return ["--tokens", json.dumps([opts.target, opts.draft, tokens[name], opts.n, temp, seed,
+                                            opts.threads, opts.ctx, opts.k])]
         return ["--target", opts.target, *draft, "-k", opts.k, "--temp", str(temp), "-n", str(opts.n),
                 "--ignore-eos", "-s", str(seed), "-t", str(opts.threads), "-c", str(opts.ctx),
                 ALL_PROMPTS[name]]
