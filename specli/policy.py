@@ -83,8 +83,8 @@ class Calibration:
 
     The acceptance per bin starts at the bin's own confidence (a calibrated draft), weighted as one
     observation (with `borrow`, set for sources whose confidence is the text's, at what a less
-    confident bin has learned if that is more, and weighted as TEXT_PRIOR_WEIGHT observations); it
-    describes the pair of models and changes slowly.
+    confident bin has learned if that is more; AutoK then weighs it as TEXT_PRIOR_WEIGHT
+    observations); it describes the pair of models and changes slowly.
     The first-position histogram describes the text and follows it within ~10 rounds.
     """
 
