@@ -83,8 +83,8 @@ class Calibration:
 
     The acceptance per bin starts at the bin's own confidence (a calibrated draft), weighted as one
     observation (with `borrow`, set for sources whose confidence is the text's, at what a less
-    confident bin has learned if that is more; AutoK then weighs it as TEXT_PRIOR_WEIGHT
-    observations); it describes the pair of models and changes slowly.
+    confident bin has learned if that is more; `starting` weighs it less for them); it describes the
+    pair of models and changes slowly.
     The first-position histogram describes the text and follows it within ~10 rounds.
     """
 
@@ -94,6 +94,16 @@ class Calibration:
     borrow: bool = False  # an unlearned bin's prior may be what a less confident bin learned
     first: np.ndarray = field(default_factory=lambda: np.zeros(len(_CONFIDENCE_MIDS)))
     last_first: float = 0.0
+
+    @classmethod
+    def starting(cls, of_text: bool) -> Calibration:
+        """A source's calibration before any round. Where confidence is the text's (n-gram lookup), bins
+        borrow and their prior weighs TEXT_PRIOR_WEIGHT observations: the text's own rounds decide
+        sooner."""
+        cal = cls(borrow=of_text)
+        if of_text:
+            cal.carry(TEXT_PRIOR_WEIGHT)
+        return cal
 
     @staticmethod
     def bin(confidence: float) -> int:
@@ -299,17 +309,16 @@ class AutoK(DraftPolicy):
             # Borrowing is measured for n-gram lookup (Gemma, fresh processes: copy-edit 1.07x, story
             # 1.06x, the rest 0.99-1.01x at T 0); for a draft model it is not (the 150k pair at T 1
             # drifted within noise, story 0.84 of k = 3 against 0.92).
-            cal = self.learned.calibration[source] = Calibration(borrow=source in self.text_sources)
-            if cal.borrow:
-                cal.carry(TEXT_PRIOR_WEIGHT)  # a lighter prior: the text's own rounds decide sooner
+            cal = self.learned.calibration[source] = Calibration.starting(source in self.text_sources)
         return cal
 
     def inputs(self, source: str) -> GateInputs | None:
         """The round's gate inputs, once T_v(1) and a draft step have been measured."""
-        verify = self.costs.verify_seconds(HORIZON)
+        curve = self.costs.verify_seconds(HORIZON)
         c_draft = self.costs.draft_seconds_per_token(source)
-        if verify is None or c_draft is None:
+        if curve is None or c_draft is None:
             return None
+        verify = np.asarray(curve)
         tokens, seconds = self.rate
         # The recent rounds' rate once they are a few tokens' worth: a rate from one or two rounds
         # is noise, and a high one makes every draft step look dear for the whole generation.
@@ -319,14 +328,14 @@ class AutoK(DraftPolicy):
         # acceptance learned): after rounds faster than the verify curve's medians, a reference rate
         # above every option priced a sure 64-token copy of a 150k-vocabulary target at a loss, and
         # the round went plain (47 ms for 1 token where 64 took 450 ms).
-        rate = min(rate, best_rate(float(acceptances.max()), np.asarray(verify), c_draft))
+        rate = min(rate, best_rate(float(acceptances.max()), verify, c_draft))
         if self.left is not None and self.left <= len(verify):
             # Near the output's end the time to come is that of the tokens left, at best all in one
             # batch: priced at the recent rate (after long copies, several times plain decoding), a
             # draft of the last tokens looked dear and they were decoded one by one (the last ~45 of a
             # 152k-vocabulary target's copy: 10 plain rounds, a fifth of the generation).
             rate = min(rate, max(1.0 / verify[0], END_SHARE * self.left / verify[self.left - 1]))
-        return GateInputs(np.asarray(verify), c_draft, rate, acceptances)
+        return GateInputs(verify, c_draft, rate, acceptances)
 
     def _worth(self, source: str, inputs: GateInputs) -> np.ndarray:
         """Per confidence bin, the tokens (beyond their cost at the reference rate) a round gains whose
