@@ -14,6 +14,17 @@ from specli.sampling import SamplingParams, acceptance_probability
 CPU_STAIRCASE = {1: 30.8, 2: 53.3, 3: 61.8, 4: 64.3, 5: 70.8, 6: 72.3, 7: 90.7, 8: 100.1, 9: 102.1}
 
 
+def _free_ngram(policy: AutoK, confidence: float = 0.5, accepted: int = 0) -> AutoK:
+    """`policy` with an n-gram source whose draft step costs next to nothing (two measured: the first
+    is left out as cold) and whose calibration has seen `accepted` positions accepted at `confidence`."""
+    for _ in range(2):
+        policy.costs.observe_draft("ngram", 1, 0.00001)
+    cal = policy.learned.calibration.setdefault("ngram", Calibration())
+    for _ in range(accepted):
+        cal.observe(confidence, 1.0)
+    return policy
+
+
 def _costs(points: dict[int, float], repeats: int = 3) -> CostModel:
     costs = CostModel()
     for _ in range(repeats):
@@ -333,19 +344,12 @@ def test_a_sure_source_drafts_as_far_as_the_limit() -> None:
     short ones (a CPU that batches well, a GPU), a sure proposal of 64 positions is drafted whole; the
     round's limit (the context, max tokens, a recurrent target's rollback) caps it."""
     flat = {m: 30.0 + 0.5 * (m - 1) for m in (1, 2, 3, 5, 9, 17, 33, 65)}
-    policy = AutoK(_costs(flat))
-    for _ in range(2):
-        policy.costs.observe_draft("ngram", 1, 0.00001)
-    cal = policy.learned.calibration.setdefault("ngram", Calibration())
-    for _ in range(50):
-        cal.observe(0.99, 1.0)
+    policy = _free_ngram(AutoK(_costs(flat)), 0.99, 50)
     assert policy.decide("ngram", 64) == Decision(64)
     assert policy.gate("ngram", Decision(64)).best_prefix([0.99] * 64) == 64
     assert policy.decide("ngram", 16) == Decision(16)  # e.g. a hybrid target's rollback bound
     # On the steep CPU staircase the same sure source still drafts past the old ceiling of 12.
-    steep = AutoK(_costs(CPU_STAIRCASE), policy.learned)
-    for _ in range(2):
-        steep.costs.observe_draft("ngram", 1, 0.00001)
+    steep = _free_ngram(AutoK(_costs(CPU_STAIRCASE), policy.learned))
     assert steep.gate("ngram", Decision(64)).best_prefix([0.99] * 64) > 12
 
 
@@ -459,12 +463,7 @@ def test_the_last_tokens_of_a_copy_are_drafted_however_fast_the_copy_went() -> N
     """Near the output's end the time to come is only that of the tokens left: priced at the recent
     rate (64-token copies, several times plain decoding), a draft of the last 45 looked dear, and a
     150k-vocabulary target decoded them one by one (10 plain rounds, a fifth of its generation)."""
-    policy = AutoK(_costs({1: 45.0, 13: 183.0, 35: 500.0, 65: 465.0}))
-    for _ in range(2):
-        policy.costs.observe_draft("ngram", 1, 0.00001)
-    cal = policy.learned.calibration.setdefault("ngram", Calibration())
-    for _ in range(64):
-        cal.observe(0.5, 1.0)
+    policy = _free_ngram(AutoK(_costs({1: 45.0, 13: 183.0, 35: 500.0, 65: 465.0})), 0.5, 64)
     policy.rate = [65.0, 0.465]  # the last round: a copy of 64, all accepted
     assert policy.decide("ngram", 45) == Decision(45)
     assert policy.gate("ngram", Decision(45)).best_prefix([0.5] * 45) == 0  # mid-generation: dear
@@ -478,12 +477,7 @@ def test_a_reference_rate_above_every_option_does_not_make_a_sure_copy_go_plain(
     487), every length looked dear at that rate and the next round of the copy went plain (47 ms for
     one token)."""
     curve = {1: 50.0, 2: 58.0, 4: 83.0, 8: 133.0, 16: 235.0, 32: 437.0, 65: 487.0}
-    policy = AutoK(_costs(curve))
-    for _ in range(2):
-        policy.costs.observe_draft("ngram", 1, 0.00001)
-    cal = policy.learned.calibration.setdefault("ngram", Calibration())
-    for _ in range(64):
-        cal.observe(0.5, 1.0)
+    policy = _free_ngram(AutoK(_costs(curve)), 0.5, 64)
     policy.rate = [65.0, 0.450]
     inputs = policy.inputs("ngram")
     assert inputs is not None and inputs.rate < 65.0 / 0.450
