@@ -2,36 +2,49 @@
 
     python examples/compare_llama_server.py [--target T.gguf] [--draft D.gguf] [-n 256] [--repeat 3]
         [--temp 0,0.8] [--prompt NAME ... | --token-prompt NAME=IDS.json ...] [--defaults-only | --n8-only]
-        [-t 2] [--json out.json]
+        [-t 2] [--settle 2] [--json out.json]
 
 Build llama-server first (examples/build_llama_tools.sh builds it from the llama.cpp that
-llama-cpp-python vendors). Every server listens on 127.0.0.1 on a free port; all are started at once
-(idle ones cost no CPU) so each repetition runs specli and every server back to back, in a rotating
-order. Without --draft: `specli run --draft ngram` (its defaults: -k auto) against llama-server's
-ngram-mod, ngram-map-k and ngram-simple, each at its defaults and drafting at most 8. With
---draft: `specli run --draft D` against draft-simple at --spec-draft-n-max 2, 4 and 8.
+llama-cpp-python vendors). Each repetition runs specli and every server configuration back to back,
+in a rotating order. Only the side being measured is alive: a server is started on a free 127.0.0.1
+port for its one request and stopped after it, and every measurement waits --settle seconds first (a
+server that has just answered, or several idle ones, slowed specli's 150k-vocabulary copy from ~120 to
+~105 tok/s in one earlier run of this script). Without --draft: `specli run --draft ngram` (its
+defaults: -k auto) against llama-server's ngram-mod, ngram-map-k and ngram-simple, each at its defaults
+and drafting at most 8. With --draft: `specli run --draft D` against draft-simple at --spec-draft-n-max
+2, 4 and 8.
 
 Every generation starts from nothing learned, as `specli run` does: ngram-mod keeps its n-gram table
 across requests (llama.cpp common/speculative.cpp: "shared across all sequences", not reset by
-begin()), so without a restart the second run of a prompt drafts the first one's answer (on the
-large-vocabulary model: 496/496 drafts accepted where no other type found one match). Its servers
-are restarted before each request; ngram-simple is stateless and ngram-map-k rebuilds its map from
-the prompt.
+begin()), so a server kept alive would draft the first run's answer in the second (on the
+large-vocabulary model: 496/496 drafts accepted where no other type found one match); ngram-map-k
+keeps each key's accepted count for keys inside a prompt seen before (common/ngram-map.cpp: begin()
+drops only entries past the new prompt), so its second request of Gemma's repetitive prompt drafted
+242 tokens for the same 194 accepted (337 the first time) and ran 98-100 tok/s instead of 82-88. A
+server per request rules that out for every type; it does not cost the server a cold start (a fresh
+server, or one that first answered a short unrelated request: the same rate within 3 %).
 
 Rates, both over the whole generation with the prompt excluded: specli's GenerationStats tokens/s
 (`specli run --json`), the server's own timings.predicted_per_second. Every run ignores EOS and uses
 the same seed, temperature and sampling filters (llama.cpp's defaults: top-k 40, top-p 0.95,
-min-p 0.05). Ratio: median over repetitions of specli / the server config in the same repetition.
+min-p 0.05). Ratio: median over repetitions of specli / the server config in the same repetition;
+each cell also prints specli's lowest and highest rate, so a ratio can be read against its spread,
+and the rate over all of each side's runs (their harmonic mean: every run emits n tokens), the figure
+for sampled text, where each side samples its own text with its own random numbers and a text that
+copies little and one that copies much differ several times over (Gemma's copy-edit at T 0.8:
+specli 46-167 tok/s over 5 seeds): use many repetitions there.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import socket
 import statistics
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -46,8 +59,6 @@ from _bench_common import (  # noqa: E402
 )
 from compare_llamacpp import PROMPTS  # noqa: E402
 
-# Spec types whose state outlives a request (their servers are restarted before each one).
-KEEPS_STATE = ("ngram-mod",)
 NGRAM_CONFIGS = [
     ("ngram-mod", ["--spec-type", "ngram-mod"]),
     # --spec-draft-n-max is a draft model's: each n-gram type has its own length flags. ngram-mod
@@ -75,28 +86,20 @@ def free_port() -> int:
 
 
 class Server:
+    """One llama-server configuration, alive only from start() to stop()."""
+
     def __init__(self, binary: Path, target: str, label: str, flags: list[str], threads: int,
                  ctx: int) -> None:
         self.label = label
-        self.keeps_state = any(flags[i + 1] in KEEPS_STATE for i, f in enumerate(flags) if f == "--spec-type")
         self._argv = [str(binary), "-m", target, "--host", "127.0.0.1", "-t", str(threads), "-c", str(ctx),
                       "-np", "1", "--no-webui", *no_repack_flags("llama-server"), *flags]
-        self._start()
+        self.proc: subprocess.Popen | None = None
 
-    def _start(self) -> None:
+    def start(self) -> None:
         self.port = free_port()
         self.log = open(f"/tmp/llama-server-{self.port}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen([*self._argv, "--port", str(self.port)], stdout=self.log,
                                      stderr=subprocess.STDOUT)
-
-    def fresh(self) -> None:
-        """Forget what earlier requests taught the drafter (a restart), if its type keeps anything."""
-        if self.keeps_state:
-            self.stop()
-            self._start()
-            self.wait()
-
-    def wait(self) -> None:
         wait_healthy(self.proc, f"http://127.0.0.1:{self.port}", f"{self.label} (log: {self.log.name})")
 
     def complete(self, prompt: str | list[int], n: int, temp: float, seed: int) -> dict:
@@ -106,13 +109,16 @@ class Server:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", body,
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=600) as r:
-            timings = json.load(r)["timings"]
+            answer = json.load(r)
+        timings = answer["timings"]
         return {"tps": timings["predicted_per_second"], "drafted": timings.get("draft_n", 0),
-                "accepted": timings.get("draft_n_accepted", 0)}
+                "accepted": timings.get("draft_n_accepted", 0), "text": answer["choices"][0]["text"]}
 
     def stop(self) -> None:
-        stop_process(self.proc, 10)
-        self.log.close()
+        if self.proc is not None:
+            stop_process(self.proc, 10)
+            self.log.close()
+            self.proc = None
 
 
 def specli_run(target: str, draft: str, prompt: str, n: int, temp: float, seed: int, threads: int,
@@ -125,8 +131,10 @@ def specli_run(target: str, draft: str, prompt: str, n: int, temp: float, seed: 
     )
     if proc.returncode:
         raise SystemExit(f"specli: {proc.stderr.strip()[-400:]}")
-    stats = json.loads(proc.stdout)["stats"]
-    return {"tps": stats["tokens_per_second"], "drafted": stats["drafted"], "accepted": stats["accepted"]}
+    out = json.loads(proc.stdout)
+    stats = out["stats"]
+    return {"tps": stats["tokens_per_second"], "drafted": stats["drafted"], "accepted": stats["accepted"],
+            "text": out["text"]}
 
 
 # A fresh process generating from token ids with `specli run`'s defaults (the CLI takes text only).
@@ -167,6 +175,55 @@ def token_prompts(specs: list[str]) -> dict[str, list[int]]:
     return out
 
 
+# A sampled text "copies" when passages of at least COPY_RUN characters of the prompt cover this share
+# of it: the rates of texts that copy and of texts that do not are several times apart.
+COPY_RUN, COPY_SHARE = 20, 0.4
+
+
+def copied_share(prompt: str, text: str) -> float:
+    """The share of `text` made of passages of at least COPY_RUN characters found in `prompt`."""
+    blocks = difflib.SequenceMatcher(None, prompt, text, autojunk=False).get_matching_blocks()
+    return sum(b.size for b in blocks if b.size >= COPY_RUN) / max(1, len(text))
+
+
+def report_cell(name: str, temp: float, samples: dict[str, list[dict]], prompt: str | None) -> dict:
+    """Print one prompt and temperature's figures; the row for --json."""
+    labels = list(samples)
+    medians = {lab: statistics.median(g["tps"] for g in samples[lab]) for lab in labels}
+    best = max(labels[1:], key=medians.__getitem__)
+    pairs = [a["tps"] / b["tps"] for a, b in zip(samples["specli"], samples[best], strict=True)]
+    acceptance = {lab: (sum(g["accepted"] for g in samples[lab]), sum(g["drafted"] for g in samples[lab]))
+                  for lab in labels}
+    # Every run emits n tokens, so the rate over all of a side's runs is the harmonic mean: what a
+    # user waits for on average, where a median hides sampled texts that copy little.
+    pooled = {lab: statistics.harmonic_mean([g["tps"] for g in samples[lab]]) for lab in labels}
+    pooled_best = max(labels[1:], key=pooled.__getitem__)
+    own = [g["tps"] for g in samples["specli"]]
+    print(f"{name:<11} {temp:>4g}  " + "  ".join(f"{medians[lab]:>15.1f}" for lab in labels)
+          + f"   {statistics.median(pairs):.2f} vs {best}", flush=True)
+    print(f"   over all runs: specli {pooled['specli']:.1f} tok/s, {pooled_best} {pooled[pooled_best]:.1f}: "
+          f"{pooled['specli'] / pooled[pooled_best]:.2f}", flush=True)
+    print(f"   specli {min(own):.1f}-{max(own):.1f} tok/s over {len(own)} runs; per pair: "
+          + ", ".join(f"{r:.2f}" for r in pairs), flush=True)
+    print("   accepted/drafted: " + ", ".join(f"{lab} {a}/{d}" for lab, (a, d) in acceptance.items()),
+          flush=True)
+    if temp > 0 and prompt is not None:
+        # Each side samples its own text: say how many copied, and the rates of each kind apart.
+        parts = []
+        for lab in labels:
+            copies = [copied_share(prompt, g["text"]) >= COPY_SHARE for g in samples[lab]]
+            kinds = [[g["tps"] for g, c in zip(samples[lab], copies, strict=True) if c == want]
+                     for want in (True, False)]
+            parts.append(f"{lab} {sum(copies)}/{len(copies)} ("
+                         + " / ".join(f"{statistics.median(k):.1f}" if k else "-" for k in kinds) + ")")
+        print(f"   texts that copy the prompt (median tok/s of those / of the rest): {', '.join(parts)}",
+              flush=True)
+    return {"prompt": name, "temp": temp, "tps": medians, "best_server": best,
+            "ratio": statistics.median(pairs), "pooled_tps": pooled,
+            "pooled_ratio": pooled["specli"] / pooled[pooled_best], "accepted_drafted": acceptance,
+            "samples": samples}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target")
@@ -181,6 +238,8 @@ def main() -> None:
     ap.add_argument("--n8-only", action="store_true", help="each type drafting at most 8 only")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=4096)
+    ap.add_argument("--settle", type=float, default=2.0, metavar="SECONDS",
+                    help="pause before each measurement, with nothing else of this script running")
     ap.add_argument("--json", dest="json_path")
     opts = ap.parse_args()
     tokens = token_prompts(opts.token_prompt)
@@ -196,8 +255,6 @@ def main() -> None:
     servers = [Server(binary, target, label, flags, opts.threads, opts.ctx) for label, flags in configs]
     rows = []
     try:
-        for s in servers:
-            s.wait()
         labels = ["specli", *(s.label for s in servers)]
         header = "  ".join(f"{lab:>15}" for lab in labels)
         print(f"{'prompt':<11} {'T':>4}  {header}   specli/best", flush=True)
@@ -210,6 +267,7 @@ def main() -> None:
                     order = labels[turn % len(labels):] + labels[: turn % len(labels)]
                     turn += 1
                     for lab in order:
+                        time.sleep(opts.settle)
                         if lab == "specli" and name in tokens:
                             got = specli_tokens(target, opts.draft or "ngram", tokens[name], opts.n, temp,
                                                 seed, opts.threads, opts.ctx)
@@ -218,21 +276,15 @@ def main() -> None:
                                              seed, opts.threads, opts.ctx)
                         else:
                             server = next(s for s in servers if s.label == lab)
-                            server.fresh()
-                            got = server.complete(tokens.get(name, PROMPTS.get(name)), opts.n, temp, seed)
+                            server.start()
+                            time.sleep(opts.settle)  # the load's page-cache and allocator work
+                            try:
+                                got = server.complete(tokens.get(name, PROMPTS.get(name)), opts.n, temp,
+                                                      seed)
+                            finally:
+                                server.stop()
                         samples[lab].append(got)
-                medians = {lab: statistics.median(g["tps"] for g in samples[lab]) for lab in labels}
-                best = max(labels[1:], key=medians.__getitem__)
-                pairs = zip(samples["specli"], samples[best], strict=True)
-                ratio = statistics.median(a["tps"] / b["tps"] for a, b in pairs)
-                acceptance = {lab: (sum(g["accepted"] for g in samples[lab]),
-                                    sum(g["drafted"] for g in samples[lab])) for lab in labels}
-                rows.append({"prompt": name, "temp": temp, "tps": medians, "best_server": best,
-                             "ratio": ratio, "accepted_drafted": acceptance, "samples": samples})
-                print(f"{name:<11} {temp:>4g}  " + "  ".join(f"{medians[lab]:>15.1f}" for lab in labels)
-                      + f"   {ratio:.2f} vs {best}", flush=True)
-                counts = ", ".join(f"{lab} {a}/{d}" for lab, (a, d) in acceptance.items())
-                print(f"   accepted/drafted: {counts}", flush=True)
+                rows.append(report_cell(name, temp, samples, None if name in tokens else PROMPTS[name]))
     finally:
         for s in servers:
             s.stop()
