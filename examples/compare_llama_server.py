@@ -7,12 +7,11 @@
 Build llama-server first (examples/build_llama_tools.sh builds it from the llama.cpp that
 llama-cpp-python vendors). Each repetition runs specli and every server configuration back to back,
 in a rotating order. Only the side being measured is alive: a server is started on a free 127.0.0.1
-port for its one request and stopped after it, and every measurement waits --settle seconds first (a
-server that has just answered, or several idle ones, slowed specli's 150k-vocabulary copy from ~120 to
-~105 tok/s in one earlier run of this script). Without --draft: `specli run --draft ngram` (its
-defaults: -k auto) against llama-server's ngram-mod, ngram-map-k and ngram-simple, each at its defaults
-and drafting at most 8. With --draft: `specli run --draft D` against draft-simple at --spec-draft-n-max
-2, 4 and 8.
+port for its one request and stopped after it (so no type carries what one request taught it into the
+next, below), and every measurement waits --settle seconds first, with nothing else of this script
+running. Without --draft: `specli run --draft ngram` (its defaults: -k auto) against llama-server's
+ngram-mod, ngram-map-k and ngram-simple, each at its defaults and drafting at most 8. With --draft:
+`specli run --draft D` against draft-simple at --spec-draft-n-max 2, 4 and 8.
 
 Every generation starts from nothing learned, as `specli run` does: ngram-mod keeps its n-gram table
 across requests (llama.cpp common/speculative.cpp: "shared across all sequences", not reset by
