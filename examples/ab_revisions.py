@@ -3,18 +3,19 @@ prompts and settings; median tokens/s of each and the median of per-pair ratios 
 
     python examples/ab_revisions.py --old REV [--new REV|worktree] --target T.gguf [--draft D|ngram]
         [--temp 0,0.8] [-k auto] [--prompt NAME ... | --token-prompt NAME=IDS.json ...] [-n 256]
-        [--repeat 4] [-t 2] [--json out.json]
+        [--repeat 4] [-t 2] [--no-cache | --pin-costs DIR] [--json out.json]
 
 The old revision is checked out with `git worktree` into a temporary directory and run with the same
 Python (its `specli` package first on sys.path). Each run is a new process, as a user's `specli run`
 (what auto learned is not carried between runs, but for what specli.costcache keeps); rates exclude
-load and prompt (GenerationStats). Each revision has its own cost cache, empty at the start (one
-shared file would be overwritten by the other revision's), or none with --no-cache; --warm runs each
-side once per prompt, uncounted, first (a user's second run); --mixed cycles the prompts within each
-repeat, so that what a run's cache carries was learned on another text. Pairs alternate which
-revision runs first. Prompts: compare_llamacpp.py's (repetitive, copy-edit, code) and bench's
-built-in ones (story, chat); --token-prompt NAME=FILE adds a prompt given as a JSON list of token ids
-(BOS included), generated with `specli.api` and `specli run`'s defaults (the CLI takes text only).
+load and prompt (GenerationStats). Each revision has its own cost cache, empty at the start (one shared
+file would be overwritten by the other revision's), or none with --no-cache, or with --pin-costs DIR a
+fresh copy of DIR's before every run (both sides start each run from the same measured costs); --warm
+runs each side once per prompt, uncounted, first (a user's second run); --mixed cycles the prompts
+within each repeat, so that what a run's cache carries was learned on another text. Pairs alternate
+which revision runs first. Prompts: compare_llamacpp.py's (repetitive, copy-edit, code) and bench's
+built-in ones (story, chat); --token-prompt NAME=FILE adds a prompt given as a JSON list of token ids (BOS
+included), generated with `specli.api` and `specli run`'s defaults (the CLI takes text only).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -87,11 +89,16 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("--no-cache", action="store_true", help="no cost cache on either side")
+    ap.add_argument("--pin-costs", metavar="DIR",
+                    help="start every run from this cache directory's cost files (a copy each time)")
     ap.add_argument("--warm", action="store_true", help="one uncounted run per side and prompt first")
     ap.add_argument("--mixed", action="store_true", help="cycle the prompts within each repeat")
     ap.add_argument("--json", dest="json_path")
     opts = ap.parse_args()
 
+    if opts.pin_costs and not (Path(opts.pin_costs) / "costs").is_dir():
+        raise SystemExit(f"--pin-costs {opts.pin_costs}: want a cache directory with a costs/ folder "
+                         "(the SPECLI_CACHE_DIR of earlier runs, e.g. ~/.cache/specli)")
     with tempfile.TemporaryDirectory() as tmp:
         roots = {"old": checkout(opts.old, Path(tmp) / "old")}
         new = Path(opts.new)
@@ -108,6 +115,14 @@ def main() -> None:
                                    capture_output=True)
     if opts.json_path:
         Path(opts.json_path).write_text(json.dumps(rows, indent=2))
+
+
+def pin_costs(source: Path, cache: Path) -> None:
+    """Make `cache` a fresh copy of `source`: every run starts from the same costs, where a cache each
+    run rewrites is a random effect of its own (the 150k pair's draft-model auto / k=3 read 0.83 and
+    0.92 fifteen minutes apart with it, 0.932 and 0.929 pinned)."""
+    shutil.rmtree(cache, ignore_errors=True)
+    shutil.copytree(source, cache)
 
 
 def measure(opts: argparse.Namespace, roots: dict[str, Path], envs: dict[str, dict[str, str]]) -> list[dict]:
@@ -150,6 +165,8 @@ def measure(opts: argparse.Namespace, roots: dict[str, Path], envs: dict[str, di
             pair += 1
             got = {}
             for side in order:
+                if opts.pin_costs and not opts.no_cache:
+                    pin_costs(Path(opts.pin_costs), Path(envs[side]["SPECLI_CACHE_DIR"]))
                 stats = run_once(roots[side], args_for(temp, name, 1000 + rep), envs[side])["stats"]
                 got[side] = stats["tokens_per_second"]
                 cell[side].append(got[side])
