@@ -88,9 +88,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=2048)
-    ap.add_argument("--no-cache", action="store_true", help="no cost cache on either side")
-    ap.add_argument("--pin-costs", metavar="DIR",
-                    help="start every run from this cache directory's cost files (a copy each time)")
+    cache = ap.add_mutually_exclusive_group()
+    cache.add_argument("--no-cache", action="store_true", help="no cost cache on either side")
+    cache.add_argument("--pin-costs", metavar="DIR",
+                       help="start every run from this cache directory's cost files (a copy each time)")
     ap.add_argument("--warm", action="store_true", help="one uncounted run per side and prompt first")
     ap.add_argument("--mixed", action="store_true", help="cycle the prompts within each repeat")
     ap.add_argument("--json", dest="json_path")
@@ -165,7 +166,7 @@ def measure(opts: argparse.Namespace, roots: dict[str, Path], envs: dict[str, di
             pair += 1
             got = {}
             for side in order:
-                if opts.pin_costs and not opts.no_cache:
+                if opts.pin_costs:
                     pin_costs(Path(opts.pin_costs), Path(envs[side]["SPECLI_CACHE_DIR"]))
                 stats = run_once(roots[side], args_for(temp, name, 1000 + rep), envs[side])["stats"]
                 got[side] = stats["tokens_per_second"]
