@@ -32,7 +32,7 @@ class Speculator:
         # auto starts from it instead of timing every batch size anew.
         self._cost_identity = costcache.identity(target, drafter) if drafter is not None else None
         self.cost_file = costcache.cache_path(self._cost_identity) if self._cost_identity else None
-        costcache.restore(self.engine.costs, self.cost_file)
+        costcache.restore(self.engine.costs, self.cost_file, self.engine.learned)
 
     def tokenize(self, prompt: str) -> list[int]:
         """The target's tokens for `prompt` (BOS added if the model wants it); the draft uses the same ids."""
@@ -47,7 +47,7 @@ class Speculator:
         """Free the models this Speculator loaded (the drafter's, then the target), after saving what
         decodes cost for the next process (costcache)."""
         if self.cost_file is not None:
-            costcache.save(self.engine.costs, self.cost_file, self._cost_identity)
+            costcache.save(self.engine.costs, self.cost_file, self._cost_identity, self.engine.learned)
             self.cost_file = None
         if self.drafter is not None:
             self.drafter.close()

@@ -17,7 +17,7 @@ from specli.costs import CostModel
 from specli.drafters.base import Draft, Drafter
 from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
 from specli.llama import Model
-from specli.policy import Learned
+from specli.policy import Learned, regime
 from specli.proposer import Proposer, RoundResult, make_proposer
 from specli.sampling import Noise, Sampler, SamplingParams, random_seed
 from specli.stats import GenerationStats
@@ -120,6 +120,7 @@ class SpeculativeEngine:
             )
         context = list(prompt)
         stream = TextStream(self.target, params.stop)
+        self.learned.enter(regime(params.sampling, params.same_as_plain))
         proposer = make_proposer(self.drafter, params.draft_max, self.costs, self.learned)
         return Generation(self._rounds(context, params, proposer, stream), stream, context)
 

@@ -33,13 +33,14 @@ whatever the draft's doubts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from specli.costs import CostModel, best_net_gain, best_rate, run_cost
 from specli.drafters.base import DraftGate
+from specli.sampling import SamplingParams
 
 # Batch sizes the gate prices: enough for the longest draft a round can make (settings.MAX_DRAFT_K).
 HORIZON = 64 + 1
@@ -147,14 +148,80 @@ class Calibration:
         self.last_first = confidence
 
 
+    def to_record(self) -> dict[str, list[float]]:
+        return {"accepted": self.accepted.tolist(), "seen": self.seen.tolist(), "prior": self.prior.tolist(),
+                "first": self.first.tolist(), "last_first": [self.last_first]}
+
+    @classmethod
+    def from_record(cls, record: Mapping) -> Calibration:
+        """A calibration from `to_record`; ValueError if it is malformed."""
+        arrays = {name: np.asarray(record[name], dtype=float)
+                  for name in ("accepted", "seen", "prior", "first")}
+        if any(a.shape != _CONFIDENCE_MIDS.shape or not np.isfinite(a).all() or (a < 0).any()
+               for a in arrays.values()) or (arrays["seen"] <= 0).any():
+            raise ValueError("a calibration of another shape, or negative")
+        (last_first,) = record["last_first"]
+        return cls(**arrays, last_first=float(last_first))
+
+
+def regime(sampling: SamplingParams, same_as_plain: bool) -> str:
+    """What a draft's acceptance depends on besides the pair of models: the sampling settings (greedy
+    is one regime whatever the rest) and the verify rule."""
+    if sampling.greedy:
+        return "greedy"
+    return (f"T={sampling.temperature:g} top_k={sampling.top_k} top_p={sampling.top_p:g} "
+            f"min_p={sampling.min_p:g} {'same-as-plain' if same_as_plain else 'rejection'}")
+
+
 @dataclass
 class Learned:
     """What auto learned about this pair of models that the next generation starts from: acceptance by
     confidence per source, and the sources found hopeless with the generations since. (What the
-    machine's decodes cost is the CostModel's.)"""
+    machine's decodes cost is the CostModel's.)
+
+    Acceptance depends on the sampling settings too (`regime`): `calibration` is the current regime's,
+    and `enter` switches to another's, as it was left (what an earlier process saved, `restore`, or
+    nothing yet). A draft model's calibration describes the pair of models and is what a later
+    process starts from (`to_record`, kept by specli.costcache): a fresh `specli run` began with each
+    confidence taken at its face value (0.15 where 0.7 was right on a 150k pair at T 1) and its first
+    ~10 rounds drafted 0-1 tokens. A calibration whose confidence is the text's (n-gram lookup) is not
+    kept: the next process's text is another."""
 
     calibration: dict[str, Calibration] = field(default_factory=dict)
     hopeless: dict[str, int] = field(default_factory=dict)
+    regime: str | None = None
+    others: dict[str, dict[str, Calibration]] = field(default_factory=dict)  # other regimes' calibrations
+
+    def enter(self, regime: str) -> None:
+        """Generations from now on sample in `regime`: its calibrations become `calibration`."""
+        if regime == self.regime:
+            return
+        if self.regime is not None:
+            self.others[self.regime] = self.calibration
+        elif self.calibration:
+            # Learned before any regime was named (an API caller's own Learned): the first one's.
+            self.others.setdefault(regime, {}).update(self.calibration)
+        self.calibration = self.others.pop(regime, {})
+        self.regime = regime
+
+    def to_record(self) -> dict[str, dict[str, dict[str, list[float]]]]:
+        """Per regime, the calibrations a later process over the same models starts from: those of
+        sources whose confidence is the model's own (not the text's)."""
+        regimes = dict(self.others)
+        if self.regime is not None:
+            regimes[self.regime] = self.calibration
+        record = {name: {source: cal.to_record() for source, cal in sources.items() if not cal.borrow}
+                  for name, sources in regimes.items()}
+        return {name: sources for name, sources in record.items() if sources}
+
+    def restore(self, record: Mapping) -> None:
+        """Start from an earlier process's `to_record` (regimes this process has not entered yet);
+        ValueError if it is malformed."""
+        restored = {str(name): {str(source): Calibration.from_record(cal) for source, cal in sources.items()}
+                    for name, sources in record.items()}
+        for name, sources in restored.items():
+            if name != self.regime:
+                self.others.setdefault(name, {}).update(sources)
 
 
 @dataclass(frozen=True)

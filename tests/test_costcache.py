@@ -11,6 +11,7 @@ from specli import costcache
 from specli.api import load
 from specli.costs import CostModel
 from specli.engine import GenerationParams
+from specli.policy import regime
 from specli.sampling import SamplingParams
 
 
@@ -110,3 +111,38 @@ def test_the_cache_lives_under_the_users_cache_directory(monkeypatch: pytest.Mon
     assert costcache.cache_directory() == tmp_path / "specli" / "costs"
     monkeypatch.setenv("SPECLI_COST_CACHE", "off")
     assert costcache.cache_directory() is None
+
+
+def test_a_new_process_starts_from_the_draft_calibration_the_last_one_learned(fixture_models,
+                                                                              cache_dir: Path) -> None:
+    """A draft model's acceptance by confidence describes the pair of models: kept per sampling regime
+    with the costs, and a later process's first generation in that regime starts from it. n-gram
+    lookup's, which describes the text, is not kept."""
+    sampled = GenerationParams(max_tokens=24, draft_max="auto", ignore_eos=True, seed=7,
+                               sampling=SamplingParams(temperature=1.0))
+    hot = regime(sampled.sampling, sampled.same_as_plain)
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        spec.generate("Once upon a time", sampled).complete()
+        learned = spec.engine.learned.calibration["draft"].to_record()
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        restored = spec.engine.learned.others[hot]["draft"]
+        assert restored.to_record() == learned
+        _generate(spec)  # greedy: another regime, which starts from nothing learned
+        assert spec.engine.learned.calibration["draft"] is not restored
+        spec.generate("Once upon a time", sampled).complete()
+        assert spec.engine.learned.calibration["draft"] is restored
+    [file] = cache_dir.iterdir()
+    assert set(json.loads(file.read_text())["learned"]) == {hot, "greedy"}
+
+    with load(fixture_models.target, "ngram", n_ctx=512, n_threads=1) as spec:
+        spec.generate("the cat sat on the mat. the cat sat on the", sampled).complete()
+        assert spec.engine.learned.calibration["ngram"].seen.sum() > 0
+    [ngram_file] = [f for f in cache_dir.iterdir() if f != file]
+    assert json.loads(ngram_file.read_text())["learned"] == {}
+
+    # A damaged calibration costs the calibration only.
+    record = json.loads(file.read_text())
+    record["learned"][hot]["draft"]["seen"] = [0.0] * len(learned["seen"])
+    file.write_text(json.dumps(record))
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        assert spec.engine.learned.others == {} and spec.engine.costs.verify

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from specli.costs import CostModel
-from specli.policy import CARRIED_WEIGHT, AutoK, Calibration, Decision, Learned, RoundReport
+from specli.policy import CARRIED_WEIGHT, AutoK, Calibration, Decision, Learned, RoundReport, regime
 from specli.sampling import SamplingParams, acceptance_probability
 
 # A 2-core CPU's verify staircase (ms, from `specli bench` on the demo target): m = 2 costs 1.7x m = 1,
@@ -390,6 +392,36 @@ def test_the_calibration_carries_to_the_next_generation() -> None:
     second = AutoK(costs, learned)  # the next generation on the same models
     assert second.learned.calibration["draft"].acceptance(0.45) > 0.9
     assert "draft" not in AutoK(costs).learned.calibration
+
+
+def test_each_sampling_regime_keeps_its_own_calibration_and_a_record_restores_it() -> None:
+    costs, learned = _costs(CPU_STAIRCASE), Learned()
+    hot, cold = regime(SamplingParams(temperature=1.0), True), regime(SamplingParams(temperature=0.0), True)
+    assert hot != regime(SamplingParams(temperature=1.0), False) and cold == "greedy"
+    learned.enter(hot)
+    policy = AutoK(costs, learned, text_sources=frozenset({"ngram"}))
+    for source in ("draft", "ngram"):
+        for _ in range(30):
+            policy.observe(RoundReport(source, 4, 4, 0.008, 0.064, 4, confidence=[0.45] * 4,
+                                       first_confidence=0.45))
+    learned.enter(cold)  # greedy acceptance is another matter: learned from nothing
+    assert AutoK(costs, learned).learned.calibration == {}
+    learned.enter(hot)
+    assert learned.calibration["draft"].acceptance(0.45) > 0.9
+
+    record = json.loads(json.dumps(learned.to_record()))
+    assert set(record) == {hot} and set(record[hot]) == {"draft"}  # not n-gram's: that is the text's
+    later = Learned()
+    later.restore(record)
+    later.enter(hot)
+    restored = later.calibration["draft"]
+    assert restored.to_record() == learned.calibration["draft"].to_record()
+    assert AutoK(costs, later).learned.calibration["draft"].acceptance(0.45) > 0.9
+    for bad in ({hot: {"draft": {**record[hot]["draft"], "seen": [0.0] * 12}}},
+                {hot: {"draft": {**record[hot]["draft"], "accepted": [0.5] * 3}}},
+                {hot: {"draft": {"accepted": []}}}, {hot: []}):
+        with pytest.raises((ValueError, KeyError, AttributeError, TypeError)):
+            Learned().restore(bad)
 
 
 def test_what_the_text_taught_starts_the_next_generation_as_a_light_prior() -> None:
