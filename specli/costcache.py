@@ -28,7 +28,7 @@ from specli.drafters.base import Drafter
 from specli.llama import Model, cpuinfo, repacks
 from specli.policy import Learned
 
-FORMAT = 1
+FORMAT = 2  # 2: verify samples are (seconds, position) pairs
 
 
 def cache_directory() -> Path | None:

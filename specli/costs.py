@@ -9,7 +9,10 @@ would make long drafts look worse than they are. A round of k drafts then yields
     E(k) = 1 + a1 (1 - a2^k) / (1 - a2)        (Leviathan et al.'s (1 - a^(k+1)) / (1 - a) at a1 = a2)
 
 tokens for k c_d + T_v(k + 1) seconds: c_d a draft step, T_v(m) the target's decode of m tokens.
-T_v is measured per batch size; `verify_curve` is the one rule for the sizes not measured.
+T_v is measured per batch size; `verify_curve` is the one rule for the sizes not measured. Each row
+of a batch also attends to the tokens already cached, so T_v grows with the cache's length: each
+size's samples are brought to the length at hand with what a cached token costs that size
+(`attention_slopes`) before their median is taken.
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ FIRST_STEP_CPU = 0.5
 # A larger batch is verified in place of a smaller one only when its measured cost is below this share
 # of the smaller one's: a few percent is noise, and the extra rows are not free on every device.
 PAD_MARGIN = 0.9
+# Attention makes a batch dearer with each token already in the cache. What a cached token costs a
+# batch size is fitted from pairs of its samples taken at least MIN_SPREAD tokens apart, once there
+# are MIN_PAIRS such pairs (`attention_slopes`). The curve is predicted again when the cache has
+# grown or shrunk by POSITION_STEP tokens since it last was.
+MIN_SPREAD = 32
+MIN_PAIRS = 6
+POSITION_STEP = 16
 
 
 def expected_tokens(a1: float, a2: float, k: int) -> float:
@@ -168,7 +178,8 @@ class CostModel:
 
     window: int = 9  # recent samples per batch size; their median resists bursts of machine load
     first_step: float = FIRST_STEP_CPU  # verify_curve's assumption until a batch is measured
-    verify: dict[int, deque[float]] = field(default_factory=dict)
+    # Per batch size, recent (seconds, position) samples: position, the tokens in the cache before it.
+    verify: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)
     draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
     # source -> [seconds, looks], decayed: a round that asked the drafter and drafted nothing (a shadow)
     look: dict[str, list[float]] = field(default_factory=dict)
@@ -176,12 +187,15 @@ class CostModel:
     # The curve is recomputed when a new size is measured or every `refresh` samples: a round on a
     # tiny model takes well under a millisecond, and this runs every round.
     refresh: int = 8
-    _curve: list[float] | None = field(default=None, repr=False)
+    _curve: list[float] | None = field(default=None, repr=False)  # predicted at _position
     _draft_seen: set[str] = field(default_factory=set, repr=False)
     _look_seen: set[str] = field(default_factory=set, repr=False)
     _verify_largest: int = field(default=0, repr=False)  # the largest batch decoded in this process
-    # The median of each size's samples, updated as they come (cheapest_batch runs every round).
+    # Seconds a cached token adds to a decode, per batch size (`attention_slopes`), refitted with the
+    # curve; and each size's median predicted at _position (cheapest_batch runs every round).
+    slopes: dict[int, float] = field(default_factory=dict, repr=False)
     _medians: dict[int, float] = field(default_factory=dict, repr=False)
+    _position: int = 0
     _stale: int = 0
 
     @staticmethod
@@ -193,7 +207,7 @@ class CostModel:
         """What a later process over the same models can start from (`restore`; specli.costcache keeps
         it on disk): the verify samples by batch size and the decayed draft and look costs by source."""
         return {
-            "verify": {str(m): list(samples) for m, samples in self.verify.items()},
+            "verify": {str(m): [list(sample) for sample in samples] for m, samples in self.verify.items()},
             "draft": {source: list(slot) for source, slot in self.draft.items()},
             "look": {source: list(slot) for source, slot in self.look.items()},
         }
@@ -203,7 +217,7 @@ class CostModel:
         process's decodes larger than any before (and its first draft and look) are still left out
         as cold, and new samples displace the old within `window` rounds of a size. ValueError if it
         is malformed."""
-        verify = {int(m): [_positive(s) for s in samples][-self.window:]
+        verify = {int(m): [_sample(s) for s in samples][-self.window:]
                   for m, samples in record.get("verify", {}).items()}
         if any(m < 1 or not samples for m, samples in verify.items()):
             raise ValueError("a batch size below 1 or without samples")
@@ -211,28 +225,50 @@ class CostModel:
                  for name in ("draft", "look")}
         for m, samples in verify.items():
             self.verify[m] = deque(samples, maxlen=self.window)
-            self._medians[m] = statistics.median(self.verify[m])
         self.draft.update(slots["draft"])
         self.look.update(slots["look"])
-        self._curve = None
+        self._refit(self._position)
 
-    def prime_verify(self, seconds: Mapping[int, float], weight: int = 3) -> None:
-        """Take T_v(m) measured elsewhere (`specli bench`'s curve) as `weight` samples of each size,
-        in place of what was known of those sizes."""
+    def prime_verify(self, seconds: Mapping[int, float], position: int = 0, weight: int = 3) -> None:
+        """Take T_v(m) measured elsewhere (`specli bench`'s curve, after `position` cached tokens) as
+        `weight` samples of each size, in place of what was known of those sizes."""
         for m, s in seconds.items():
-            self.verify[m] = deque([_positive(s)] * weight, maxlen=self.window)
-            self._medians[m] = self.verify[m][0]
-        self._curve = None
+            self.verify[m] = deque([(_positive(s), position)] * weight, maxlen=self.window)
+        self._refit(position)
 
-    def cheapest_batch(self, m: int, m_max: int) -> int:
+    def _refit(self, position: int) -> None:
+        """Fit what a cached token costs each size, then each size's median at `position`."""
+        self.slopes = attention_slopes(self.verify)
+        self._stale = 0
+        self._predict(position)
+
+    def _predict(self, position: int) -> None:
+        """Each size's median with its samples brought to `position` cached tokens (never below a
+        tenth of its cheapest sample: a slope is an estimate), and the curve to be made from them."""
+        self._medians = {
+            m: max(0.1 * min(s for s, _ in samples),
+                   statistics.median(s + self.slopes.get(m, 0.0) * (position - p) for s, p in samples))
+            for m, samples in self.verify.items()
+        }
+        self._position, self._curve = position, None
+
+    def _at(self, position: int) -> None:
+        if self._stale >= self.refresh:
+            self._refit(position)
+        elif abs(position - self._position) >= POSITION_STEP:
+            self._predict(position)
+
+    def cheapest_batch(self, m: int, m_max: int, position: int = 0) -> int:
         """The batch size to verify m tokens with: m, or a larger size up to m_max measured to cost
         clearly less (PAD_MARGIN). CPU kernels change with the batch: on a 2-core Xeon a 150k-vocabulary
         Q8_0 target decodes 64 tokens in 399 ms and 63 in 643 (ggml switches its matrix kernel), so
         a draft of 40 is verified faster with 23 rows of padding, which are rolled back with the
         rejected drafts. This is what makes `verify_curve`'s rule (a size costs no more than any
-        larger one) true of the batches actually run. m itself when unmeasured around m."""
+        larger one) true of the batches actually run. m itself when unmeasured around m. Priced after
+        `position` cached tokens (every row of a batch attends to them)."""
         if m < 2 or m_max <= m:
             return m
+        self._at(position)
         medians = self._medians
         larger = [size for size in medians if m < size <= m_max]
         if not larger:
@@ -249,7 +285,8 @@ class CostModel:
         best = min(larger, key=lambda size: (medians[size], size))
         return best if medians[best] < PAD_MARGIN * own else m
 
-    def observe_verify(self, m: int, seconds: float) -> None:
+    def observe_verify(self, m: int, seconds: float, position: int = 0) -> None:
+        """A decode of m tokens took `seconds` after `position` tokens in the cache."""
         if m > self._verify_largest:
             # A batch larger than any before grows llama.cpp's compute buffers: 15x a warm decode on
             # a tiny model (65 tokens: 52 ms, then 3.4), +14 % on Gemma 3 270M, and a cold T_v(1)
@@ -260,12 +297,11 @@ class CostModel:
             return
         if m not in self.verify:
             self._curve = None
-        samples = self.verify.setdefault(m, deque(maxlen=self.window))
-        samples.append(seconds)
-        self._medians[m] = statistics.median(samples)
+        new = m not in self.verify
+        self.verify.setdefault(m, deque(maxlen=self.window)).append((seconds, position))
         self._stale += 1
-        if self._stale >= self.refresh:
-            self._curve, self._stale = None, 0
+        if new:
+            self._refit(self._position)
 
     def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
         # A model's first single-token decodes build their graphs: on a small draft that can take
@@ -282,14 +318,15 @@ class CostModel:
     def draft_seconds_per_token(self, source: str | None) -> float | None:
         return _per_unit(self.draft.get(source or ""))
 
-    def verify_seconds(self, m_max: int) -> list[float] | None:
-        """Predicted T_v(m) for m = 1..m_max from the medians measured so far (`verify_curve`)."""
-        if self._curve is not None and len(self._curve) >= m_max:
-            return self._curve[:m_max]
+    def verify_seconds(self, m_max: int, position: int = 0) -> list[float] | None:
+        """Predicted T_v(m) for m = 1..m_max after `position` cached tokens, from the medians measured
+        so far, each brought to that length (`verify_curve`)."""
         if 1 not in self.verify:
             return None
-        self._curve = verify_curve(self._medians, m_max, self.first_step)
-        return self._curve
+        self._at(position)
+        if self._curve is None or len(self._curve) < m_max:
+            self._curve = verify_curve(self._medians, m_max, self.first_step)
+        return self._curve[:m_max]
 
 
 def _observe_warm(table: dict[str, list[float]], seen: set[str], source: str, seconds: float, units: float,
@@ -302,6 +339,58 @@ def _observe_warm(table: dict[str, list[float]], seen: set[str], source: str, se
     slot = table.setdefault(source, [0.0, 0.0])
     slot[0] = decay * slot[0] + seconds
     slot[1] = decay * slot[1] + units
+
+
+def attention_slopes(verify: Mapping[int, Sequence[tuple[float, int]]]) -> dict[int, float]:
+    """Seconds each cached token adds to a decode, per batch size: for a size with MIN_PAIRS pairs of
+    samples MIN_SPREAD tokens apart, the median of their slopes weighted by how far apart they are
+    (robust to bursts of load); for the others, interpolated between the nearest fitted sizes below
+    and above (scaled down from the smallest above; the largest below's above it, which does not
+    guess what a kernel change makes of large batches); none fitted, none. A 630M Qwen2-shaped target
+    on 2 cores: T_v(4) 60 ms after 16 cached tokens, 86 after 512, 164 after 2048, about 13 us a row
+    and token up to 32 rows, but T_v(64) 389 ms after 16 and 464 after 1024 (another kernel). Sizes
+    measured on a short prompt looked cheap on a long one, and auto switched k from 3 to 1 and back."""
+    fitted: dict[int, float] = {}
+    for m, samples in verify.items():
+        if len(samples) < 2:
+            continue
+        p = np.array([q for _, q in samples], dtype=float)
+        y = np.array([t for t, _ in samples])
+        dp, dy = p[:, None] - p[None, :], y[:, None] - y[None, :]
+        apart = dp >= MIN_SPREAD
+        if int(apart.sum()) < MIN_PAIRS:
+            continue
+        slope, weight = dy[apart] / dp[apart], dp[apart]
+        order = np.argsort(slope)
+        cumulative = np.cumsum(weight[order])
+        fitted[m] = max(0.0, float(slope[order][np.searchsorted(cumulative, cumulative[-1] / 2)]))
+    if not fitted:
+        return {}
+    sizes = sorted(fitted)
+    slopes = dict(fitted)
+    for m in verify:
+        if m in fitted:
+            continue
+        below = [b for b in sizes if b < m]
+        above = [a for a in sizes if a > m]
+        if below and above:
+            b, a = below[-1], above[0]
+            slopes[m] = fitted[b] + (fitted[a] - fitted[b]) * (m - b) / (a - b)
+        elif above:
+            slopes[m] = fitted[above[0]] * m / above[0]
+        else:
+            slopes[m] = fitted[below[-1]]
+    return slopes
+
+
+def _sample(value: object) -> tuple[float, int]:
+    """A verify sample (seconds, position), checked."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ValueError(f"not a [seconds, position] pair: {value!r}")
+    position = int(value[1])
+    if position < 0:
+        raise ValueError(f"a position of {position}")
+    return _positive(value[0]), position
 
 
 def _positive(value: object) -> float:

@@ -9,11 +9,12 @@ proposal), drafts position i when, for some length j > i,
 
 S: the chance that positions 0..i-1 all pass; f: the acceptance the `Calibration` gives position i's
 confidence, which the positions after it are assumed to share (confidence comes in runs; each is
-judged on its own when it is drafted); T_v: the target's verify cost by batch size; c_d: a draft step;
-r: the reference rate (the better of plain decoding and the recent rounds), which prices time in
-tokens (a Dinkelbach step towards the best long-run rate). There is no ceiling below the drafter's own
-limit (MAX_DRAFT_K, the context, a recurrent target's rollback): a sure source (a long copy) drafts as
-far as it stays sure, where a verify batch of many tokens costs far less than several short ones.
+judged on its own when it is drafted); T_v: the target's verify cost by batch size at the cache's
+length (every row attends to it); c_d: a draft step; r: the reference rate (the better of plain
+decoding and the recent rounds), which prices time in tokens (a Dinkelbach step towards the best
+long-run rate). There is no ceiling below the drafter's own limit (MAX_DRAFT_K, the context, a
+recurrent target's rollback): a sure source (a long copy) drafts as far as it stays sure, where a
+verify batch of many tokens costs far less than several short ones.
 
 Before drafting at all, `decide` weighs one draft step against what rounds starting at the recent
 first-position confidences gain. When that does not pay, the round is plain, and now and then the
@@ -249,6 +250,7 @@ class RoundReport:
     held: tuple[float, float] | None = None  # (confidence, acceptance) of a held position the target scored
     catch_up_seconds: float = 0.0  # the catch-up debt left out of draft_seconds
     padding: int = 0  # rows verified past the draft (`DraftPolicy.batch_size`)
+    position: int = 0  # tokens in the target's cache before the verify
 
 
 @dataclass(frozen=True)
@@ -324,8 +326,9 @@ class DraftPolicy:
     """Decides each round's draft length (and gives the gate that may stop it earlier) from what the
     rounds before cost and yielded. The Proposer asks it and reports back to it."""
 
-    def decide(self, source: str, limit: int, left: int | None = None) -> Decision:
-        """This round's plan: at most `limit` drafts; `left`, the tokens the generation can still emit."""
+    def decide(self, source: str, limit: int, left: int | None = None, position: int = 0) -> Decision:
+        """This round's plan: at most `limit` drafts; `left`, the tokens the generation can still emit;
+        `position`, the tokens in the target's cache (what each verified row attends to)."""
         raise NotImplementedError
 
     def gate(self, source: str, decision: Decision) -> DraftGate | None:
@@ -346,7 +349,7 @@ class FixedK(DraftPolicy):
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def decide(self, source: str, limit: int, left: int | None = None) -> Decision:
+    def decide(self, source: str, limit: int, left: int | None = None, position: int = 0) -> Decision:
         return Decision(max(0, min(self.k, limit)))
 
 
@@ -358,6 +361,7 @@ class AutoK(DraftPolicy):
     plain_rounds: int = 0  # rounds since the last one that drafted (shadows are rationed by it)
     hopeless: set[str] = field(default_factory=set)  # sources that would not pay even at their surest
     left: int | None = None  # tokens the generation can still emit (this round's `decide`)
+    position: int = 0  # tokens in the target's cache (this round's `decide`)
     text_sources: frozenset[str] = frozenset()  # sources whose confidence is the text's (n-gram)
     _worth_cache: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
 
@@ -381,7 +385,7 @@ class AutoK(DraftPolicy):
 
     def inputs(self, source: str) -> GateInputs | None:
         """The round's gate inputs, once T_v(1) and a draft step have been measured."""
-        curve = self.costs.verify_seconds(HORIZON)
+        curve = self.costs.verify_seconds(HORIZON, self.position)
         c_draft = self.costs.draft_seconds_per_token(source)
         if curve is None or c_draft is None:
             return None
@@ -418,12 +422,12 @@ class AutoK(DraftPolicy):
         self._worth_cache = (source, 0, worth)
         return worth
 
-    def decide(self, source: str, limit: int, left: int | None = None) -> Decision:
+    def decide(self, source: str, limit: int, left: int | None = None, position: int = 0) -> Decision:
         """Draft up to `limit` positions if looking at the first one (a draft step) is worth its cost,
         given how the draft's confidence there has been distributed lately (or was the last time) and
         what each confidence is worth; the gate then stops the round where drafting on stops paying.
         Otherwise a plain round, with a look now and then (a shadow)."""
-        self.left = left
+        self.left, self.position = left, position
         if source in self.hopeless:
             return self._plain(look=False)  # nothing new is learned without looks, so it stays so
         inputs = self.inputs(source)
@@ -474,10 +478,10 @@ class AutoK(DraftPolicy):
         return Gate(self.inputs(source), decision.k, hold_first=decision.k == 0)
 
     def batch_size(self, m: int, m_max: int) -> int:
-        return self.costs.cheapest_batch(m, m_max)
+        return self.costs.cheapest_batch(m, m_max, self.position)
 
     def observe(self, report: RoundReport) -> None:
-        self.costs.observe_verify(report.drafted + 1 + report.padding, report.verify_seconds)
+        self.costs.observe_verify(report.drafted + 1 + report.padding, report.verify_seconds, report.position)
         self.rate[0] = RATE_DECAY * self.rate[0] + report.accepted + 1
         self.rate[1] = RATE_DECAY * self.rate[1] + report.draft_seconds + report.verify_seconds
         self.plain_rounds = 0 if report.drafted else self.plain_rounds + 1

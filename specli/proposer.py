@@ -77,7 +77,7 @@ class DraftingProposer(Proposer):
     def propose(self, context: list[int], limit: int, left: int | None = None) -> Draft:
         drafter = self.drafter
         source = drafter.next_source(context)
-        decision = self.policy.decide(source, limit, left)
+        decision = self.policy.decide(source, limit, left, position=len(context) - 1)
         # At k = 0 with a look, the gate holds position 0: the drafter proposes nothing, and what it
         # would have proposed there is scored against the target's row (a shadow).
         self._source = source if decision.k or decision.look else None
@@ -112,6 +112,7 @@ class DraftingProposer(Proposer):
             first_confidence=first,
             held=scored,
             padding=result.padding,
+            position=len(result.context) - len(verdict.tokens) - 1,
         ))
 
     @property

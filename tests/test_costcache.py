@@ -88,8 +88,9 @@ def test_an_unwritable_cache_directory_costs_nothing_but_the_cache(fixture_model
 
 def test_a_restored_record_is_checked_and_a_cold_decode_is_still_left_out() -> None:
     measured = CostModel()
-    for m, seconds in ((1, 0.010), (1, 0.010), (1, 0.011), (4, 0.020), (4, 0.022)):
-        measured.observe_verify(m, seconds)
+    samples = ((1, 0.010, 0), (1, 0.010, 50), (1, 0.011, 300), (4, 0.020, 10), (4, 0.022, 90))
+    for m, seconds, position in samples:
+        measured.observe_verify(m, seconds, position)
     measured.observe_draft("draft", 2, 0.002)
     measured.observe_draft("draft", 2, 0.002)
     later = CostModel()
@@ -98,7 +99,8 @@ def test_a_restored_record_is_checked_and_a_cold_decode_is_still_left_out() -> N
     assert later.draft_seconds_per_token("draft") == measured.draft_seconds_per_token("draft")
     later.observe_verify(1, 5.0)  # this process's first decode of a size builds its graph: not a cost
     assert later.verify_seconds(1) == measured.verify_seconds(1)
-    for bad in ({"verify": {"0": [0.01]}}, {"verify": {"2": []}}, {"verify": {"2": ["x"]}},
+    for bad in ({"verify": {"0": [[0.01, 0]]}}, {"verify": {"2": []}}, {"verify": {"2": [["x", 0]]}},
+                {"verify": {"2": [0.01]}}, {"verify": {"2": [[0.01, -1]]}},
                 {"draft": {"draft": [0.01]}}, {"look": {"ngram": [0.01, float("nan")]}}):
         with pytest.raises(ValueError):
             CostModel().restore(bad)

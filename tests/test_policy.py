@@ -89,6 +89,58 @@ def test_a_flat_step_of_the_staircase_does_not_make_larger_batches_free() -> Non
     assert _run_gate(policy, [0.5] * 64, 64) < 24
 
 
+# T_v(m) in seconds at an empty cache, and each row's attention per cached token (a 630M Qwen2-shaped
+# target on 2 cores: T_v(4) 60 ms after 16 tokens, 86 after 512, 164 after 2048; but T_v(64) 389 ms
+# after 16 and 464 after 1024, another kernel).
+SHORT = {1: 0.040, 2: 0.047, 4: 0.060, 8: 0.085}
+ATTENTION = 13e-6
+
+
+def test_a_decode_costs_more_with_every_cached_token_as_each_size_measured() -> None:
+    costs = CostModel()
+    for position in (16, 900, 128, 2048, 256, 512, 1024, 300, 40):
+        for m, seconds in SHORT.items():
+            costs.observe_verify(m, seconds + ATTENTION * m * position, position)
+        costs.observe_verify(64, 0.389 + 0.075 * position / 1008, position)
+    costs.observe_verify(2, 0.5, 700)  # a burst of load: the fit is a median
+    assert costs.verify_seconds(64) is not None  # refits
+    for m in SHORT:
+        assert costs.slopes[m] == pytest.approx(ATTENTION * m, rel=0.02)
+    for position in (0, 700, 2048):
+        curve = costs.verify_seconds(64, position)
+        assert curve is not None
+        for m, seconds in SHORT.items():
+            assert curve[m - 1] == pytest.approx(seconds + ATTENTION * m * position, rel=0.02)
+        assert curve[63] == pytest.approx(0.389 + 0.075 * position / 1008, rel=0.02)
+
+
+def test_a_size_measured_at_one_length_is_brought_to_another_as_its_neighbours_say() -> None:
+    """Sizes measured on a short prompt are priced for a long one, so auto's choice of k compares like
+    with like (it switched from 3 to 1 and back when T_v(2) was a short prompt's, T_v(4) a long one's)."""
+    costs = CostModel()
+    for position in (10, 400, 800, 1200, 1600, 2000):
+        for m in (1, 8):
+            costs.observe_verify(m, SHORT[m] + ATTENTION * m * position, position)
+    for _ in range(3):
+        costs.observe_verify(2, SHORT[2] + ATTENTION * 2 * 100, 100)
+        costs.observe_verify(4, SHORT[4] + ATTENTION * 4 * 1000, 1000)
+    curve = costs.verify_seconds(8, 1000)
+    assert curve is not None
+    assert curve[1] == pytest.approx(SHORT[2] + ATTENTION * 2 * 1000, rel=0.02)
+    assert curve[3] == pytest.approx(SHORT[4] + ATTENTION * 4 * 1000, rel=0.02)
+
+
+def test_sizes_each_measured_at_one_length_are_taken_as_measured() -> None:
+    """Only the spread of one size's samples says what a cached token costs: two sizes measured at
+    different lengths could as well differ by their batch."""
+    costs = CostModel()
+    for _ in range(4):
+        costs.observe_verify(1, 0.040, 100)
+        costs.observe_verify(4, 0.090, 1000)
+    assert costs.verify_seconds(4) is not None and costs.slopes == {}
+    assert costs.verify_seconds(4, 1000) == pytest.approx(costs.verify_seconds(4, 0))
+
+
 def test_a_cold_first_draft_decode_is_not_taken_for_the_draft_cost() -> None:
     costs = CostModel()
     costs.observe_draft("draft", 1, 0.050)  # graph building
@@ -488,7 +540,7 @@ def test_a_new_smaller_batch_size_is_timed_at_once_a_larger_than_ever_one_is_not
     costs.observe_verify(1, 0.010)
     assert set(costs.verify) == {1, 3}
     costs.observe_verify(8, 0.030)
-    assert list(costs.verify[8]) == [0.030]
+    assert list(costs.verify[8]) == [(0.030, 0)]
 
 
 def test_the_last_tokens_of_a_copy_are_drafted_however_fast_the_copy_went() -> None:

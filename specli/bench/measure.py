@@ -129,7 +129,7 @@ def run_bench(config: BenchConfig, *, progress: BenchProgress | None = None) -> 
         result.curve_seconds = time.perf_counter() - t0
         # -k auto prices drafts with the curve just measured rather than timing each batch size in its
         # first runs (which would make its figure depend on the k listed before it).
-        loaded.spec.costs.prime_verify({p.m: p.ms / 1000 for p in result.curve.points})
+        loaded.spec.costs.prime_verify({p.m: p.ms / 1000 for p in result.curve.points}, len(prefix))
 
         t0 = time.perf_counter()
         try:
