@@ -295,8 +295,6 @@ class CostModel:
             # sizes a process runs once each (n-gram copies of varying length) would never be known.
             self._verify_largest = m
             return
-        if m not in self.verify:
-            self._curve = None
         new = m not in self.verify
         self.verify.setdefault(m, deque(maxlen=self.window)).append((seconds, position))
         self._stale += 1

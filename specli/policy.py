@@ -148,8 +148,8 @@ class Calibration:
         self.first[self.bin(confidence)] += 1.0
         self.last_first = confidence
 
-
     def to_record(self) -> dict[str, list[float]]:
+        """What a later process starts from (`from_record`; Learned.to_record)."""
         return {"accepted": self.accepted.tolist(), "seen": self.seen.tolist(), "prior": self.prior.tolist(),
                 "first": self.first.tolist(), "last_first": [self.last_first]}
 
