@@ -365,20 +365,13 @@ def attention_slopes(verify: Mapping[int, Sequence[tuple[float, int]]]) -> dict[
     if not fitted:
         return {}
     sizes = sorted(fitted)
-    slopes = dict(fitted)
-    for m in verify:
-        if m in fitted:
-            continue
-        below = [b for b in sizes if b < m]
-        above = [a for a in sizes if a > m]
-        if below and above:
-            b, a = below[-1], above[0]
-            slopes[m] = fitted[b] + (fitted[a] - fitted[b]) * (m - b) / (a - b)
-        elif above:
-            slopes[m] = fitted[above[0]] * m / above[0]
-        else:
-            slopes[m] = fitted[below[-1]]
-    return slopes
+    values = [fitted[m] for m in sizes]
+
+    def unfitted(m: int) -> float:
+        # np.interp holds the largest fitted size's slope above it; below the smallest, scale it down.
+        return values[0] * m / sizes[0] if m < sizes[0] else float(np.interp(m, sizes, values))
+
+    return {m: fitted[m] if m in fitted else unfitted(m) for m in verify}
 
 
 def _sample(value: object) -> tuple[float, int]:
