@@ -46,6 +46,12 @@ PAD_MARGIN = 0.9
 MIN_SPREAD = 32
 MIN_PAIRS = 6
 POSITION_STEP = 16
+# A verify sample this many times dearer than one of the same size taken with at least as many cached
+# tokens was slowed by something else on the machine (load only slows a decode down). Kept, such
+# samples priced a size out for good: a burst of load during one process left T_v(3) and T_v(4) at
+# 113 and 153 ms in the cost file (quiet: 66 and 73), auto stopped verifying those sizes, so nothing
+# ever replaced them, and the next processes drafted at 0.86 of k = 3 instead of 0.96.
+BURST = 1.5
 
 
 def expected_tokens(a1: float, a2: float, k: int) -> float:
@@ -238,18 +244,19 @@ class CostModel:
 
     def _refit(self, position: int) -> None:
         """Fit what a cached token costs each size, then each size's median at `position`."""
-        self.slopes = attention_slopes(self.verify)
+        self.slopes = attention_slopes({m: unhurried(samples) for m, samples in self.verify.items()})
         self._stale = 0
         self._predict(position)
 
     def _predict(self, position: int) -> None:
         """Each size's median with its samples brought to `position` cached tokens (never below a
-        tenth of its cheapest sample: a slope is an estimate), and the curve to be made from them."""
-        self._medians = {
-            m: max(0.1 * min(s for s, _ in samples),
-                   statistics.median(s + self.slopes.get(m, 0.0) * (position - p) for s, p in samples))
-            for m, samples in self.verify.items()
-        }
+        tenth of its cheapest sample: a slope is an estimate), bursts of load left out
+        (`unhurried`), and the curve to be made from them."""
+        self._medians = {}
+        for m, samples in self.verify.items():
+            kept = unhurried(samples)
+            self._medians[m] = max(0.1 * min(s for s, _ in kept), statistics.median(
+                s + self.slopes.get(m, 0.0) * (position - p) for s, p in kept))
         self._position, self._curve = position, None
 
     def _at(self, position: int) -> None:
@@ -372,6 +379,13 @@ def attention_slopes(verify: Mapping[int, Sequence[tuple[float, int]]]) -> dict[
         return values[0] * m / sizes[0] if m < sizes[0] else float(np.interp(m, sizes, values))
 
     return {m: fitted[m] if m in fitted else unfitted(m) for m in verify}
+
+
+def unhurried(samples: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
+    """The (seconds, position) samples of one batch size that no sample taken with at least as many
+    cached tokens shows to have been slowed down by a burst of load (BURST times its seconds). A
+    longer context is allowed to be dearer by any amount, so no slope is needed."""
+    return [(s, p) for s, p in samples if not any(q >= p and s > BURST * t for t, q in samples)]
 
 
 def _sample(value: object) -> tuple[float, int]:

@@ -114,6 +114,27 @@ def test_a_decode_costs_more_with_every_cached_token_as_each_size_measured() -> 
         assert curve[63] == pytest.approx(0.389 + 0.075 * position / 1008, rel=0.02)
 
 
+def test_samples_a_burst_of_load_slowed_are_left_out_even_when_they_are_most() -> None:
+    """A size measured mostly while something else ran (2.5 times its quiet cost) is priced by its quiet
+    samples, in the process that measured it and in the next one that restores them: priced at the
+    burst, auto stopped verifying the size, and nothing ever replaced those samples."""
+    costs, quiet = CostModel(), {1: 0.047, 2: 0.056, 3: 0.066, 4: 0.073}
+    for position in (100, 700, 800, 900, 1000):  # (the first of each size is left out as cold)
+        for m, seconds in quiet.items():
+            costs.observe_verify(m, seconds + ATTENTION * m * position, position)
+    for position in range(200, 700, 100):  # five samples of sizes 3 and 4 while a build ran
+        for m in (3, 4):
+            costs.observe_verify(m, 2.5 * (quiet[m] + ATTENTION * m * position), position)
+    later = CostModel()
+    later.restore(json.loads(json.dumps(costs.to_record())))
+    for model in (costs, later):
+        curve = model.verify_seconds(4, 500)
+        assert curve is not None
+        for m in (3, 4):
+            assert len(model.verify[m]) == 9
+            assert curve[m - 1] == pytest.approx(quiet[m] + ATTENTION * m * 500, rel=0.02)
+
+
 def test_a_size_measured_at_one_length_is_brought_to_another_as_its_neighbours_say() -> None:
     """Sizes measured on a short prompt are priced for a long one, so auto's choice of k compares like
     with like (it switched from 3 to 1 and back when T_v(2) was a short prompt's, T_v(4) a long one's)."""
