@@ -5,7 +5,7 @@ lookup: the continuation's lead over the runner-up), so `auto` is one path for a
 asked before each position (or, for a drafter that sees all its positions at once, over the whole
 proposal), drafts position i when, for some length j > i,
 
-    S f (1 - f^(j-i)) / (1 - f)  >  r [T_v(j+1) - T_v(i+1) + (j-i) c_d]    (costs.run_gain, run_cost)
+    S f (1 - f^(j-i)) / (1 - f)  >  r [T_v(j+1) - T_v(i+1) + (j-i-1) c_d]  (costs.run_gain, run_cost)
 
 S: the chance that positions 0..i-1 all pass; f: the acceptance the `Calibration` gives position i's
 confidence, which the positions after it are assumed to share (confidence comes in runs; each is
@@ -15,6 +15,9 @@ decoding and the recent rounds), which prices time in tokens (a Dinkelbach step 
 long-run rate). There is no ceiling below the drafter's own limit (MAX_DRAFT_K, the context, a
 recurrent target's rollback): a sure source (a long copy) drafts as far as it stays sure, where a
 verify batch of many tokens costs far less than several short ones.
+Showing a position's confidence costs a draft step, which the gate takes only when what it may show
+is worth it (`Gate.look`, over the confidences that have followed the last one's: `Calibration.after`);
+the inequality above leaves that step out, and counts the n - 1 after it.
 
 Before drafting at all, `decide` weighs one draft step against what rounds starting at the recent
 first-position confidences gain. When that does not pay, the round is plain, and now and then the
@@ -96,6 +99,9 @@ class Calibration:
     borrow: bool = False  # an unlearned bin's prior may be what a less confident bin learned
     first: np.ndarray = field(default_factory=lambda: np.zeros(len(_CONFIDENCE_MIDS)))
     last_first: float = 0.0
+    # after[a, b]: how often a position in bin a was followed by one in bin b (confidence comes in
+    # runs: one observation of "the same bin" to start).
+    after: np.ndarray = field(default_factory=lambda: np.eye(len(_CONFIDENCE_MIDS)))
 
     @classmethod
     def starting(cls, of_text: bool) -> Calibration:
@@ -143,6 +149,16 @@ class Calibration:
         self.seen[b] = decay * self.seen[b] + 1.0
         self.prior[b] *= decay
 
+    def observe_after(self, confidence: float, next_confidence: float, decay: float = 0.98) -> None:
+        """A position with `confidence` was followed by one with `next_confidence` in a draft."""
+        row = self.after[self.bin(confidence)]
+        row *= decay
+        row[self.bin(next_confidence)] += 1.0
+
+    def next_bins(self) -> np.ndarray:
+        """P(the next position's bin | this one's), one row per bin."""
+        return self.after / self.after.sum(axis=1, keepdims=True)
+
     def observe_first(self, confidence: float, decay: float = 0.9) -> None:
         self.first *= decay
         self.first[self.bin(confidence)] += 1.0
@@ -151,7 +167,8 @@ class Calibration:
     def to_record(self) -> dict[str, list[float]]:
         """What a later process starts from (`from_record`; Learned.to_record)."""
         return {"accepted": self.accepted.tolist(), "seen": self.seen.tolist(), "prior": self.prior.tolist(),
-                "first": self.first.tolist(), "last_first": [self.last_first]}
+                "first": self.first.tolist(), "last_first": [self.last_first],
+                "after": self.after.ravel().tolist()}
 
     @classmethod
     def from_record(cls, record: Mapping) -> Calibration:
@@ -162,7 +179,12 @@ class Calibration:
                for a in arrays.values()) or (arrays["seen"] <= 0).any():
             raise ValueError("a calibration of another shape, or negative")
         (last_first,) = record["last_first"]
-        return cls(**arrays, last_first=float(last_first))
+        after = np.eye(len(_CONFIDENCE_MIDS))
+        if "after" in record:  # (kept since 2026-11-26; earlier files start from the prior)
+            after = np.asarray(record["after"], dtype=float).reshape(after.shape)
+            if not np.isfinite(after).all() or (after < 0).any() or (after.sum(axis=1) <= 0).any():
+                raise ValueError("a calibration's transitions negative or empty")
+        return cls(**arrays, last_first=float(last_first), after=after)
 
 
 def regime(sampling: SamplingParams, same_as_plain: bool) -> str:
@@ -256,12 +278,14 @@ class RoundReport:
 @dataclass(frozen=True)
 class GateInputs:
     """What a gate decision needs, fixed for a round: T_v(1..), a draft step's seconds, the reference
-    rate, and the calibrated acceptance of each confidence bin."""
+    rate, the calibrated acceptance of each confidence bin and, when known, how a position's bin
+    predicts the next one's (`Calibration.next_bins`)."""
 
     verify: np.ndarray
     c_draft: float
     rate: float
     acceptances: np.ndarray
+    next_bins: np.ndarray | None = None
 
     def acceptance(self, confidence: float) -> float:
         return float(self.acceptances[Calibration.bin(confidence)])
@@ -274,6 +298,26 @@ def position_pays(inputs: GateInputs, i: int, confidence: float, survival: float
     f = inputs.acceptance(confidence)
     gain = best_net_gain(survival * f, f, inputs.verify, i, k - i, inputs.c_draft, inputs.rate)
     return survival * f if gain > 0.0 else None
+
+
+def worth_looking(inputs: GateInputs, i: int, previous: float, survival: float, k: int) -> bool:
+    """Whether a draft step to learn position i's confidence (of at most k; the one before had
+    `previous`, and all before pass with chance `survival`) is worth its cost: what drafting on from
+    i gains, over the confidences the next position is likely to have (`GateInputs.next_bins`), each
+    the best length chosen or none, against the step, at the reference rate. Taking the step and
+    letting the gate refuse what it finds cost a 150k-vocabulary pair one draft decode a round (3 %
+    of it) that a fixed k never pays."""
+    n_max = min(k - i, len(inputs.verify) - 1 - i)
+    if n_max < 1:
+        return False
+    if inputs.next_bins is None:
+        return True
+    f = np.minimum(inputs.acceptances, 0.999)[:, None]
+    n = np.arange(1, n_max + 1)
+    gain = survival * f * (1.0 - f**n) / (1.0 - f)
+    net = (gain - inputs.rate * run_cost(inputs.verify, i, n, inputs.c_draft)).max(axis=1)
+    chances = inputs.next_bins[Calibration.bin(previous)]
+    return float(chances @ np.maximum(net, 0.0)) > inputs.rate * inputs.c_draft
 
 
 def best_prefix(inputs: GateInputs, confidences: Sequence[float]) -> int:
@@ -302,6 +346,7 @@ class Gate:
     def __init__(self, inputs: GateInputs | None, k: int, hold_first: bool) -> None:
         self.inputs, self.k, self.hold_first = inputs, k, hold_first
         self._survival = 1.0
+        self._previous = 1.0  # the last drafted position's confidence
 
     def __call__(self, position: int, confidence: float) -> bool:
         if self.hold_first:
@@ -311,8 +356,13 @@ class Gate:
         survival = position_pays(self.inputs, position, confidence, self._survival, self.k)
         if survival is None:
             return False
-        self._survival = survival
+        self._survival, self._previous = survival, confidence
         return True
+
+    def look(self, position: int) -> bool:
+        if self.inputs is None:
+            return position < 2
+        return worth_looking(self.inputs, position, self._previous, self._survival, self.k)
 
     def best_prefix(self, confidences: Sequence[float]) -> int:
         if self.hold_first or not confidences:
@@ -364,6 +414,7 @@ class AutoK(DraftPolicy):
     position: int = 0  # tokens in the target's cache (this round's `decide`)
     text_sources: frozenset[str] = frozenset()  # sources whose confidence is the text's (n-gram)
     _worth_cache: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
+    _round_inputs: tuple[str, GateInputs | None] | None = field(default=None, repr=False)  # decide's
 
     def __post_init__(self) -> None:
         for source in self.text_sources & self.learned.calibration.keys():
@@ -406,7 +457,7 @@ class AutoK(DraftPolicy):
             # draft of the last tokens looked dear and they were decoded one by one (the last ~45 of a
             # 152k-vocabulary target's copy: 10 plain rounds, a fifth of the generation).
             rate = min(rate, max(1.0 / verify[0], END_SHARE * self.left / verify[self.left - 1]))
-        return GateInputs(verify, c_draft, rate, acceptances)
+        return GateInputs(verify, c_draft, rate, acceptances, self._calibration(source).next_bins())
 
     def _worth(self, source: str, inputs: GateInputs) -> np.ndarray:
         """Per confidence bin, the tokens (beyond their cost at the reference rate) a round gains whose
@@ -427,10 +478,11 @@ class AutoK(DraftPolicy):
         given how the draft's confidence there has been distributed lately (or was the last time) and
         what each confidence is worth; the gate then stops the round where drafting on stops paying.
         Otherwise a plain round, with a look now and then (a shadow)."""
-        self.left, self.position = left, position
+        self.left, self.position, self._round_inputs = left, position, None
         if source in self.hopeless:
             return self._plain(look=False)  # nothing new is learned without looks, so it stays so
         inputs = self.inputs(source)
+        self._round_inputs = (source, inputs)  # the gate's too, for this round
         if inputs is None:
             # No T_v(1) yet (a plain round measures it) or no draft step: shadows measure it before
             # any round pays for drafts that may not be worth their cost.
@@ -475,12 +527,15 @@ class AutoK(DraftPolicy):
         return self.plain_rounds % gap == 0
 
     def gate(self, source: str, decision: Decision) -> Gate:
-        return Gate(self.inputs(source), decision.k, hold_first=decision.k == 0)
+        kept = self._round_inputs
+        inputs = kept[1] if kept is not None and kept[0] == source else self.inputs(source)
+        return Gate(inputs, decision.k, hold_first=decision.k == 0)
 
     def batch_size(self, m: int, m_max: int) -> int:
         return self.costs.cheapest_batch(m, m_max, self.position)
 
     def observe(self, report: RoundReport) -> None:
+        self._round_inputs = None
         self.costs.observe_verify(report.drafted + 1 + report.padding, report.verify_seconds, report.position)
         self.rate[0] = RATE_DECAY * self.rate[0] + report.accepted + 1
         self.rate[1] = RATE_DECAY * self.rate[1] + report.draft_seconds + report.verify_seconds
@@ -498,5 +553,10 @@ class AutoK(DraftPolicy):
         # Positions the target judged: the accepted ones and the first rejected one.
         for i in range(min(report.accepted + 1, report.drafted, len(report.confidence))):
             cal.observe(report.confidence[i], float(i < report.accepted))
+        drafted = list(report.confidence[: report.drafted])
+        if drafted and report.held is not None:
+            drafted.append(report.held[0])
+        for before, after in zip(drafted[:-1], drafted[1:], strict=True):
+            cal.observe_after(before, after)
         if report.held is not None:
             cal.observe(*report.held)

@@ -12,6 +12,7 @@ from specli import Generation, GenerationParams, SamplingParams, TokenEvent, loa
 from specli.compat import VocabMismatchError, check_vocab
 from specli.events import DoneEvent, Origin, RejectedEvent, RoundEvent
 from specli.llama import Model, ModelOptions
+from specli.sampling import Noise, Sampler
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -154,6 +155,42 @@ def test_auto_gates_the_draft_model_by_its_confidence(fixture_models) -> None:
         assert calibration.seen.sum() > len(calibration.seen) + 1
         assert calibration.first.sum() > 0
         assert spec.target.tokens == gen.context[:-1]
+
+
+class _StopAt:
+    """A gate that drafts every position before `stop`; `before_step` says whether it stops there
+    before the draft model's step (`look`) or after, seeing the confidence (then it is held)."""
+
+    def __init__(self, stop: int, before_step: bool) -> None:
+        self.stop, self.before_step = stop, before_step
+
+    def __call__(self, position: int, confidence: float) -> bool:
+        return position < self.stop
+
+    def best_prefix(self, confidences) -> int:
+        return min(self.stop, len(confidences))
+
+    def look(self, position: int) -> bool:
+        return not (self.before_step and position >= self.stop)
+
+
+def test_a_gate_that_stops_before_a_step_saves_the_draft_model_that_decode(fixture_models) -> None:
+    """A position the gate refuses after seeing its confidence cost the draft model a decode (the
+    last drafted token's) and is held for scoring; one it refuses before the step costs nothing and
+    holds nothing. The drafted tokens are the same either way."""
+    greedy = Sampler(SamplingParams(temperature=0.0), Noise(0))
+    with load(fixture_models.target, fixture_models.draft, n_ctx=256, n_threads=1) as spec:
+        drafter = spec.drafter
+        context = spec.target.tokenize(PROMPT)
+        drafts = {}
+        for before_step in (False, True):
+            drafter.reset()
+            drafter.begin(context, greedy)
+            drafts[before_step] = drafter.draft(context, 8, _StopAt(2, before_step))
+            # The draft model's cache: the context, then each drafted token it went on from.
+            assert drafter.model.n_past == len(context) + 2 - before_step
+        assert drafts[False].tokens == drafts[True].tokens and len(drafts[True].tokens) == 2
+        assert drafts[False].held is not None and drafts[True].held is None
 
 
 def test_a_batch_padded_to_a_cheaper_size_verifies_as_the_draft_alone(fixture_models) -> None:

@@ -209,8 +209,8 @@ def _k(policy: AutoK, source: str = "draft", limit: int = 8) -> int:
 
 def _run_gate(policy: AutoK, confidences: list[float], k: int = 8) -> int:
     gate = policy.gate("draft", Decision(k))
-    n = 0
-    while n < len(confidences) and gate(n, confidences[n]):
+    n = 0  # as a drafter asks it: a step to see each position after the first, then the position
+    while n < len(confidences) and (n == 0 or gate.look(n)) and gate(n, confidences[n]):
         n += 1
     return n
 
@@ -257,6 +257,23 @@ def test_gate_weighs_each_position_against_the_verify_staircase() -> None:
         for _ in range(5):
             policy.learned.calibration["draft"].observe_first(0.99)
         assert _k(policy) == k
+
+
+def test_the_gate_pays_a_draft_step_only_where_what_it_may_find_could_pay() -> None:
+    """Learning a position's confidence costs a draft step. After a sure position the gate takes it
+    while sure positions are taken to come in runs; when this draft's sure positions turn out to be
+    followed by unsure ones (accepted never), it stops before the step. Nothing past k is looked at."""
+    policy = _gated()
+    gate = policy.gate("draft", Decision(8))
+    assert gate(0, 0.99) and gate.look(1)
+    assert not policy.gate("draft", Decision(1)).look(1)
+    for _ in range(100):  # rounds of one sure draft, then an unsure position the gate held
+        policy.observe(RoundReport("draft", 1, 1, 0.004, 0.0533, 1, confidence=[0.99],
+                                   first_confidence=0.99, held=(0.3, 0.0)))
+    cal = policy.learned.calibration["draft"]
+    assert cal.next_bins()[cal.bin(0.99), cal.bin(0.3)] > 0.99
+    gate = policy.gate("draft", Decision(8))
+    assert gate(0, 0.99) and not gate.look(1)
 
 
 def test_a_drafter_that_looks_ahead_gets_the_best_prefix() -> None:
@@ -490,9 +507,13 @@ def test_each_sampling_regime_keeps_its_own_calibration_and_a_record_restores_it
     restored = later.calibration["draft"]
     assert restored.to_record() == learned.calibration["draft"].to_record()
     assert AutoK(costs, later).learned.calibration["draft"].acceptance(0.45) > 0.9
+    older = {key: value for key, value in record[hot]["draft"].items() if key != "after"}
+    assert Calibration.from_record(older).to_record()["after"] == Calibration().to_record()["after"]
     for bad in ({hot: {"draft": {**record[hot]["draft"], "seen": [0.0] * 12}}},
                 {hot: {"draft": {**record[hot]["draft"], "accepted": [0.5] * 3}}},
-                {hot: {"draft": {"accepted": []}}}, {hot: []}):
+                {hot: {"draft": {"accepted": []}}}, {hot: []},
+                {hot: {"draft": {**record[hot]["draft"], "after": [-1.0] * 144}}},
+                {hot: {"draft": {**record[hot]["draft"], "after": [1.0] * 12}}}):
         with pytest.raises((ValueError, KeyError, AttributeError, TypeError)):
             Learned().restore(bad)
 

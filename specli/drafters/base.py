@@ -27,6 +27,10 @@ class DraftGate(Protocol):
         """For a drafter that sees all its positions' confidences before drafting any (n-gram lookup
         costs nothing to look ahead): how many of them to propose."""
 
+    def look(self, position: int) -> bool:
+        """Asked before a drafter pays a step (a decode) to learn position's confidence (position >= 1,
+        after the one before was drafted): is what it may find worth the step?"""
+
 
 @dataclass
 class HeldPosition:
@@ -126,7 +130,8 @@ def draft_positions(
 ) -> Draft:
     """Up to k positions of a drafter that samples from logits, by `draft_step`: `row` gives position
     0, and `next_row(token)` (the drafter decoding the token it just drafted) each next one. The
-    catch-up that produced `row` evaluated position 0 too (`Draft.first_in_catch_up`)."""
+    catch-up that produced `row` evaluated position 0 too (`Draft.first_in_catch_up`). The gate may
+    stop the round before a step as well as after (`DraftGate.look`): then nothing is held."""
     tokens: list[int] = []
     probs: list[Dist] = []
     confidence: list[float] = []
@@ -142,6 +147,8 @@ def draft_positions(
             probs.append(step.q)
         tokens.append(step.token)
         if i + 1 < k:
+            if gate is not None and not gate.look(i + 1):
+                break
             row = next_row(step.token)
     return Draft(tokens, probs or None, name, confidence, held, catch_up_seconds, catch_up_seconds > 0)
 
