@@ -63,10 +63,12 @@ def expected_tokens(a1: float, a2: float, k: int) -> float:
     return 1.0 + a1 * (1.0 - a2**k) / (1.0 - a2)
 
 
-def run_gain(first: float, f: float, n: np.ndarray) -> np.ndarray:
+def run_gain(first: float | np.ndarray, f: float | np.ndarray, n: np.ndarray) -> np.ndarray:
     """E[accepted] of n more drafts when the first passes with probability `first` and each later one
-    with `f` given the one before passed: first (1 - f^n) / (1 - f) (each n of the array)."""
-    return first * (1.0 - f**n) / (1.0 - f) if f < 1.0 else first * n
+    with `f` given the one before passed: first (1 - f^n) / (1 - f) (each n of the array; `first` and
+    `f` may be arrays that broadcast against it, one gain per element)."""
+    below = np.asarray(f) < 1.0
+    return np.where(below, first * (1.0 - f**n) / np.where(below, 1.0 - f, 1.0), first * n)
 
 
 def run_cost(verify: np.ndarray, i: int, n: np.ndarray, c_draft: float) -> np.ndarray:

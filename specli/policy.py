@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specli.costs import CostModel, best_net_gain, best_rate, run_cost
+from specli.costs import CostModel, best_net_gain, best_rate, run_cost, run_gain
 from specli.drafters.base import DraftGate
 from specli.sampling import SamplingParams
 
@@ -312,10 +312,10 @@ def worth_looking(inputs: GateInputs, i: int, previous: float, survival: float, 
         return False
     if inputs.next_bins is None:
         return True
-    f = np.minimum(inputs.acceptances, 0.999)[:, None]
+    f = np.minimum(inputs.acceptances, 0.999)[:, None]  # a row per bin, a column per length
     n = np.arange(1, n_max + 1)
-    gain = survival * f * (1.0 - f**n) / (1.0 - f)
-    net = (gain - inputs.rate * run_cost(inputs.verify, i, n, inputs.c_draft)).max(axis=1)
+    cost = inputs.rate * run_cost(inputs.verify, i, n, inputs.c_draft)
+    net = (run_gain(survival * f, f, n) - cost).max(axis=1)
     chances = inputs.next_bins[Calibration.bin(previous)]
     return float(chances @ np.maximum(net, 0.0)) > inputs.rate * inputs.c_draft
 
