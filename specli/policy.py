@@ -76,6 +76,8 @@ CARRIED_WEIGHT = 4.0
 # 1.07x), Gemma 3 270M 0.99-1.08x on four prompts at T 0 and 0.8.
 TEXT_PRIOR_WEIGHT = 0.5
 
+# Positions a gate lets through before a verify batch and a draft step have been measured.
+UNMEASURED_DRAFT = 2
 # Confidence bins: finer near 1, where a draft that knows the text puts most of its tokens.
 _CONFIDENCE_EDGES = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98])
 _CONFIDENCE_MIDS = np.convolve(np.concatenate(([0.0], _CONFIDENCE_EDGES, [1.0])), [0.5, 0.5], "valid")
@@ -341,7 +343,7 @@ class Gate:
     """One round's gate over the positions a drafter proposes: position by position (`__call__`, a
     drafter that draws one at a time) or over the whole proposal at once (`best_prefix`). Holding
     position 0 (`hold_first`) makes the round a shadow. Without measured costs it lets a short draft
-    through (two positions), which measures them."""
+    through (UNMEASURED_DRAFT positions), which measures them."""
 
     def __init__(self, inputs: GateInputs | None, k: int, hold_first: bool) -> None:
         self.inputs, self.k, self.hold_first = inputs, k, hold_first
@@ -352,7 +354,7 @@ class Gate:
         if self.hold_first:
             return False
         if self.inputs is None:
-            return position < 2
+            return position < UNMEASURED_DRAFT
         survival = position_pays(self.inputs, position, confidence, self._survival, self.k)
         if survival is None:
             return False
@@ -361,14 +363,14 @@ class Gate:
 
     def look(self, position: int) -> bool:
         if self.inputs is None:
-            return position < 2
+            return position < UNMEASURED_DRAFT
         return worth_looking(self.inputs, position, self._previous, self._survival, self.k)
 
     def best_prefix(self, confidences: Sequence[float]) -> int:
         if self.hold_first or not confidences:
             return 0
         if self.inputs is None:
-            return min(2, len(confidences))
+            return min(UNMEASURED_DRAFT, len(confidences))
         return best_prefix(self.inputs, confidences[: self.k])
 
 
