@@ -47,6 +47,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import llama_cpp
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
     GEMMA_HINT,
@@ -102,16 +104,19 @@ class Server:
         wait_healthy(self.proc, f"http://127.0.0.1:{self.port}", f"{self.label} (log: {self.log.name})")
 
     def complete(self, prompt: str | list[int], n: int, temp: float, seed: int) -> dict:
-        body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": temp, "seed": seed,
+        # The server's own endpoint rather than /v1/completions (the same generation): it can return
+        # the generated token ids, which the predictability share below is counted on.
+        body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": temp, "seed": seed,
                            "ignore_eos": True, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
-                           "cache_prompt": False}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", body,
+                           "cache_prompt": False, "return_tokens": True}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", body,
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=600) as r:
             answer = json.load(r)
         timings = answer["timings"]
         return {"tps": timings["predicted_per_second"], "drafted": timings.get("draft_n", 0),
-                "accepted": timings.get("draft_n_accepted", 0), "text": answer["choices"][0]["text"]}
+                "accepted": timings.get("draft_n_accepted", 0), "text": answer["content"],
+                "tokens": answer.get("tokens", [])}
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -133,7 +138,7 @@ def specli_run(target: str, draft: str, prompt: str, n: int, temp: float, seed: 
     out = json.loads(proc.stdout)
     stats = out["stats"]
     return {"tps": stats["tokens_per_second"], "drafted": stats["drafted"], "accepted": stats["accepted"],
-            "text": out["text"]}
+            "text": out["text"], "tokens": out["tokens"]}
 
 
 # A fresh process generating from token ids with `specli run`'s defaults (the CLI takes text only).
@@ -146,7 +151,7 @@ settings = RunSettings(max_tokens=n, temp=temp, seed=seed, ignore_eos=True, thre
 with load(target, draft, n_ctx=ctx, n_threads=threads) as spec:
     generation = spec.generate(ids, settings.generation_params())
     generation.complete()
-    print(json.dumps(generation.stats.as_dict()))
+    print(json.dumps({**generation.stats.as_dict(), "tokens": list(generation.tokens)}))
 """
 
 
@@ -158,7 +163,8 @@ def specli_tokens(target: str, draft: str, ids: list[int], n: int, temp: float, 
     if proc.returncode:
         raise SystemExit(f"specli: {proc.stderr.strip()[-400:]}")
     stats = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"tps": stats["tokens_per_second"], "drafted": stats["drafted"], "accepted": stats["accepted"]}
+    return {"tps": stats["tokens_per_second"], "drafted": stats["drafted"], "accepted": stats["accepted"],
+            "tokens": stats["tokens"]}
 
 
 def token_prompts(specs: list[str]) -> dict[str, list[int]]:
@@ -185,7 +191,51 @@ def copied_share(prompt: str, text: str) -> float:
     return sum(b.size for b in blocks if b.size >= COPY_RUN) / max(1, len(text))
 
 
-def report_cell(name: str, temp: float, samples: dict[str, list[dict]], prompt: str | None) -> dict:
+# The tokens before a position that a lookup matches on (`predictable_share`).
+LOOKUP_N = 3
+
+
+def predictable_share(prompt_ids: list[int], generated: list[int], n: int = LOOKUP_N) -> float:
+    """The share of `generated` that a plain lookup predicts: tokens whose n predecessors occurred
+    before (in the prompt or the text so far) followed by this same token, at their latest
+    occurrence. How much a text repeats the prompt or itself, counted the same way for every side;
+    a sampled text's rate follows it closely (specli: seconds per token within ~1 ms of a straight
+    line in it on Gemma's copy-edit at T 0.8), so it puts the two sides' texts on one scale."""
+    seq = [*prompt_ids, *generated]
+    latest: dict[tuple[int, ...], int] = {}
+    for j in range(n, len(prompt_ids)):
+        latest[tuple(seq[j - n:j])] = j
+    hits = 0
+    for j in range(len(prompt_ids), len(seq)):
+        key = tuple(seq[j - n:j])
+        seen = latest.get(key)
+        hits += seen is not None and seq[seen] == seq[j]
+        latest[key] = j
+    return hits / max(1, len(generated))
+
+
+def at_equal_predictability(samples: dict[str, list[dict]], prompt_ids: list[int]) -> dict[str, float] | None:
+    """Each side's rate at the same text: a straight line of seconds per token in the predictable
+    share fitted to each side's runs, read at the mean share of all of them. None when a side's runs
+    lack token ids or their shares do not spread (no line to fit)."""
+    if any("tokens" not in g or not g["tokens"] for runs in samples.values() for g in runs):
+        return None
+    shares = {lab: [predictable_share(prompt_ids, g["tokens"]) for g in runs]
+              for lab, runs in samples.items()}
+    everything = [x for xs in shares.values() for x in xs]
+    if any(max(xs) - min(xs) < 0.05 for xs in shares.values()):
+        return None
+    middle = statistics.fmean(everything)
+    rates = {}
+    for lab, runs in samples.items():
+        slope, intercept = statistics.linear_regression(shares[lab], [1.0 / g["tps"] for g in runs])
+        rates[lab] = 1.0 / (intercept + slope * middle)
+    return {"share": middle, **{f"mean share {lab}": statistics.fmean(shares[lab]) for lab in samples},
+            **rates}
+
+
+def report_cell(name: str, temp: float, samples: dict[str, list[dict]], prompt: str | None,
+                prompt_ids: list[int]) -> dict:
     """Print one prompt and temperature's figures; the row for --json."""
     labels = list(samples)
     medians = {lab: statistics.median(g["tps"] for g in samples[lab]) for lab in labels}
@@ -217,7 +267,16 @@ def report_cell(name: str, temp: float, samples: dict[str, list[dict]], prompt: 
                          + " / ".join(f"{statistics.median(k):.1f}" if k else "-" for k in kinds) + ")")
         print(f"   texts that copy the prompt (median tok/s of those / of the rest): {', '.join(parts)}",
               flush=True)
+    equal = at_equal_predictability(samples, prompt_ids) if temp > 0 else None
+    if equal is not None:
+        # Each side samples its own text, and how much it repeats decides its rate: compare at one.
+        fitted_best = max(labels[1:], key=equal.__getitem__)
+        print(f"   at the same predictable share ({equal['share']:.2f}; each side's mean: "
+              + ", ".join(f"{lab} {equal[f'mean share {lab}']:.2f}" for lab in labels) + "): "
+              + ", ".join(f"{lab} {equal[lab]:.1f}" for lab in labels)
+              + f" tok/s; specli / {fitted_best} {equal['specli'] / equal[fitted_best]:.2f}", flush=True)
     return {"prompt": name, "temp": temp, "tps": medians, "best_server": best,
+            "at_equal_predictability": equal,
             "ratio": statistics.median(pairs), "pooled_tps": pooled,
             "pooled_ratio": pooled["specli"] / pooled[pooled_best], "accepted_drafted": acceptance,
             "samples": samples}
@@ -252,6 +311,7 @@ def main() -> None:
     if not opts.draft and (opts.defaults_only or opts.n8_only):
         configs = [(label, flags) for label, flags in configs if label.endswith(" n8") == opts.n8_only]
     servers = [Server(binary, target, label, flags, opts.threads, opts.ctx) for label, flags in configs]
+    vocab = llama_cpp.Llama(model_path=target, vocab_only=True, verbose=False)  # prompts' ids, for the share
     rows = []
     try:
         labels = ["specli", *(s.label for s in servers)]
@@ -283,7 +343,9 @@ def main() -> None:
                             finally:
                                 server.stop()
                         samples[lab].append(got)
-                rows.append(report_cell(name, temp, samples, None if name in tokens else PROMPTS[name]))
+                rows.append(report_cell(name, temp, samples, None if name in tokens else PROMPTS[name],
+                                        tokens.get(name) or vocab.tokenize(PROMPTS[name].encode(),
+                                                                           add_bos=True, special=True)))
     finally:
         for s in servers:
             s.stop()
