@@ -31,7 +31,11 @@ each cell also prints specli's lowest and highest rate, so a ratio can be read a
 and the rate over all of each side's runs (their harmonic mean: every run emits n tokens), the figure
 for sampled text, where each side samples its own text with its own random numbers and a text that
 copies little and one that copies much differ several times over (Gemma's copy-edit at T 0.8:
-specli 46-167 tok/s over 5 seeds): use many repetitions there.
+specli 46-167 tok/s over 5 seeds): use many repetitions there. At T > 0 each cell also gives every
+side's rate at the same predictable share (the share of a text's tokens that a 3-token lookup
+predicts, `predictable_share`): a line of seconds per token in that share fitted to each side's runs,
+read at the mean share of all of them, which compares the sides text for text rather than by the
+texts each happened to draw.
 """
 
 from __future__ import annotations
