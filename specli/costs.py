@@ -50,7 +50,7 @@ POSITION_STEP = 16
 # tokens was slowed by something else on the machine (load only slows a decode down). Kept, such
 # samples priced a size out for good: a burst of load during one process left T_v(3) and T_v(4) at
 # 113 and 153 ms in the cost file (quiet: 66 and 73), auto stopped verifying those sizes, so nothing
-# ever replaced them, and the next processes drafted at 0.86 of k = 3 instead of 0.96.
+# ever replaced them, and the next processes drafted at 0.86 of k = 3 instead of 0.97.
 BURST = 1.5
 
 
@@ -82,15 +82,19 @@ def run_cost(verify: np.ndarray, i: int, n: np.ndarray, c_draft: float) -> np.nd
     return verify[i + n] - verify[i] + (n - 1) * c_draft
 
 
-def best_net_gain(first: float, f: float, verify: np.ndarray, i: int, n_max: int, c_draft: float,
-                  rate: float) -> float:
+def best_net_gain(first: float | np.ndarray, f: float | np.ndarray, verify: np.ndarray, i: int, n_max: int,
+                  c_draft: float, rate: float) -> float | np.ndarray:
     """The most that drafting on from position i gains, over lengths n = 1 .. n_max: E[accepted]
-    (`run_gain`) less its cost (`run_cost`) in tokens at `rate`. > 0: drafting position i pays."""
+    (`run_gain`) less its cost (`run_cost`) in tokens at `rate`. > 0: drafting position i pays.
+    `first` and `f` may be arrays of the same shape: one best gain for each element."""
     n_max = min(n_max, len(verify) - 1 - i)
     if n_max < 1:
-        return -math.inf
+        return np.full(np.shape(first), -math.inf) if np.ndim(first) else -math.inf
     n = np.arange(1, n_max + 1)
-    return float((run_gain(first, f, n) - rate * run_cost(verify, i, n, c_draft)).max())
+    net = run_gain(np.asarray(first)[..., None], np.asarray(f)[..., None], n) - rate * run_cost(
+        verify, i, n, c_draft)
+    best = net.max(axis=-1)
+    return float(best) if best.ndim == 0 else best
 
 
 def best_rate(acceptance: float, verify: np.ndarray, c_draft: float) -> float:
@@ -246,19 +250,22 @@ class CostModel:
 
     def _refit(self, position: int) -> None:
         """Fit what a cached token costs each size, then each size's median at `position`."""
-        self.slopes = attention_slopes({m: unhurried(samples) for m, samples in self.verify.items()})
+        kept = {m: unhurried(samples) for m, samples in self.verify.items()}
+        self.slopes = attention_slopes(kept)
         self._stale = 0
-        self._predict(position)
+        self._predict(position, kept)
 
-    def _predict(self, position: int) -> None:
+    def _predict(self, position: int, kept: Mapping[int, list[tuple[float, int]]] | None = None) -> None:
         """Each size's median with its samples brought to `position` cached tokens (never below a
         tenth of its cheapest sample: a slope is an estimate), bursts of load left out
-        (`unhurried`), and the curve to be made from them."""
-        self._medians = {}
-        for m, samples in self.verify.items():
-            kept = unhurried(samples)
-            self._medians[m] = max(0.1 * min(s for s, _ in kept), statistics.median(
-                s + self.slopes.get(m, 0.0) * (position - p) for s, p in kept))
+        (`unhurried`; `kept`, when the caller has just left them out), and the curve to be made
+        from them."""
+        if kept is None:
+            kept = {m: unhurried(samples) for m, samples in self.verify.items()}
+        self._medians = {
+            m: max(0.1 * min(s for s, _ in samples),
+                   statistics.median(s + self.slopes.get(m, 0.0) * (position - p) for s, p in samples))
+            for m, samples in kept.items()}
         self._position, self._curve = position, None
 
     def _at(self, position: int) -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specli.costs import CostModel, best_net_gain, best_rate, run_cost, run_gain
+from specli.costs import CostModel, best_net_gain, best_rate, run_cost
 from specli.drafters.base import DraftGate
 from specli.sampling import SamplingParams
 
@@ -309,15 +309,12 @@ def worth_looking(inputs: GateInputs, i: int, previous: float, survival: float, 
     the best length chosen or none, against the step, at the reference rate. Taking the step and
     letting the gate refuse what it finds cost a 150k-vocabulary pair one draft decode a round (3 %
     of it) that a fixed k never pays."""
-    n_max = min(k - i, len(inputs.verify) - 1 - i)
-    if n_max < 1:
+    if min(k - i, len(inputs.verify) - 1 - i) < 1:
         return False
     if inputs.next_bins is None:
         return True
-    f = np.minimum(inputs.acceptances, 0.999)[:, None]  # a row per bin, a column per length
-    n = np.arange(1, n_max + 1)
-    cost = inputs.rate * run_cost(inputs.verify, i, n, inputs.c_draft)
-    net = (run_gain(survival * f, f, n) - cost).max(axis=1)
+    f = np.minimum(inputs.acceptances, 0.999)  # each bin's, the best length chosen for each
+    net = best_net_gain(survival * f, f, inputs.verify, i, k - i, inputs.c_draft, inputs.rate)
     chances = inputs.next_bins[Calibration.bin(previous)]
     return float(chances @ np.maximum(net, 0.0)) > inputs.rate * inputs.c_draft
 
@@ -470,8 +467,8 @@ class AutoK(DraftPolicy):
             self._worth_cache = (source, cached[1] + 1, cached[2])
             return cached[2]
         f = inputs.acceptances
-        worth = np.array([max(0.0, best_net_gain(a, a, inputs.verify, 0, len(inputs.verify) - 1,
-                                                 inputs.c_draft, inputs.rate)) for a in f])
+        worth = np.maximum(0.0, best_net_gain(f, f, inputs.verify, 0, len(inputs.verify) - 1, inputs.c_draft,
+                                              inputs.rate))
         self._worth_cache = (source, 0, worth)
         return worth
 
