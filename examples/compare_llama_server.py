@@ -2,7 +2,7 @@
 
     python examples/compare_llama_server.py [--target T.gguf] [--draft D.gguf] [-n 256] [--repeat 3]
         [--temp 0,0.8] [--prompt NAME ... | --token-prompt NAME=IDS.json ...] [--defaults-only | --n8-only]
-        [-t 2] [--settle 2] [--json out.json]
+        [-t 2] [--settle 2] [--seed 1000] [--json out.json]
 
 Build llama-server first (examples/build_llama_tools.sh builds it from the llama.cpp that
 llama-cpp-python vendors). Each repetition runs specli and every server configuration back to back,
@@ -302,6 +302,7 @@ def main() -> None:
     ap.add_argument("-c", "--ctx", type=int, default=4096)
     ap.add_argument("--settle", type=float, default=2.0, metavar="SECONDS",
                     help="pause before each measurement, with nothing else of this script running")
+    ap.add_argument("--seed", type=int, default=1000, help="the first repetition's seed (then +1 each)")
     ap.add_argument("--json", dest="json_path")
     opts = ap.parse_args()
     tokens = token_prompts(opts.token_prompt)
@@ -326,7 +327,7 @@ def main() -> None:
             for name in list(tokens) or opts.prompt or ["repetitive", "copy-edit", "code"]:
                 samples: dict[str, list[dict]] = {lab: [] for lab in labels}
                 for rep in range(opts.repeat):
-                    seed = 1000 + rep
+                    seed = opts.seed + rep
                     order = labels[turn % len(labels):] + labels[: turn % len(labels)]
                     turn += 1
                     for lab in order:
