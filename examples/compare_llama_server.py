@@ -221,7 +221,7 @@ def predictable_share(prompt_ids: list[int], generated: list[int], n: int = LOOK
 def at_equal_predictability(samples: dict[str, list[dict]], prompt_ids: list[int]) -> dict[str, float] | None:
     """Each side's rate at the same text: a straight line of seconds per token in the predictable
     share fitted to each side's runs, read at the mean share of all of them. None when a side's runs
-    lack token ids or their shares do not spread (no line to fit)."""
+    lack token ids, their shares do not spread (no line to fit) or a line reads no time there."""
     if any("tokens" not in g or not g["tokens"] for runs in samples.values() for g in runs):
         return None
     shares = {lab: [predictable_share(prompt_ids, g["tokens"]) for g in runs]
@@ -233,6 +233,8 @@ def at_equal_predictability(samples: dict[str, list[dict]], prompt_ids: list[int
     rates = {}
     for lab, runs in samples.items():
         slope, intercept = statistics.linear_regression(shares[lab], [1.0 / g["tps"] for g in runs])
+        if intercept + slope * middle <= 0.0:
+            return None
         rates[lab] = 1.0 / (intercept + slope * middle)
     return {"share": middle, **{f"mean share {lab}": statistics.fmean(shares[lab]) for lab in samples},
             **rates}
