@@ -1,0 +1,201 @@
+"""Replay n-gram lookup's draft policy over recorded texts, without noise: a change to the policy or
+the drafter judged on the same texts in seconds instead of a benchmark's minutes of lottery.
+
+    python examples/replay_ngram.py record --target T.gguf --prompt copy-edit --temp 0.8 \\
+        --seed 1000 --count 60 [-n 256] --out texts.json
+    python examples/replay_ngram.py replay texts.json [--root DIR ...] [--carry] [--oracle] [--json F]
+
+Why it is exact: with a seed and same-as-plain verification (specli's default), the tokens a
+generation commits do not depend on what was drafted, only on the seed (docs/exactness.md). So a
+recorded text is what any policy would have produced, and a replay only has to ask the policy what
+it drafts each round, compare that with the text, and charge the round its cost: the recording's
+measured verify curve (CostModel medians at the round's position, the same for every policy), plus
+the lookup's own time as it runs here. Each text starts a fresh policy, as each `specli run` is a new
+process (`--carry` keeps what the policy learned from one text to the next, as one process would).
+
+`--root DIR` (repeatable) replays with the specli tree at DIR, each in its own process, and prints
+per-text ratios against the first; without it the installed specli. `--oracle` adds a policy that
+knows the text: each round it drafts exactly the lookup's tokens that will be accepted (none where
+a plain round is cheaper), the ceiling no policy reaches.
+
+Not modelled: sampling's own time (the same per committed token whatever the policy, ~2 % of a
+round here), bursts of machine load, and Gemma 3 270M Q4_K_M's texts forking with the batch layout
+(a recorded text is its recording's; a real run of another policy forks from it after a while).
+Measured claims still come from interleaved runs (ab_revisions.py, compare_llama_server.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_llamacpp import PROMPTS  # noqa: E402
+
+from specli.bench.suite import BUILTIN_PROMPTS  # noqa: E402
+
+ALL_PROMPTS = {**PROMPTS, **{p.name: p.text for p in BUILTIN_PROMPTS if p.name not in PROMPTS}}
+
+
+def record(opts: argparse.Namespace) -> None:
+    from specli.api import load
+    from specli.settings import RunSettings
+
+    texts = []
+    with load(opts.target, "ngram", n_ctx=opts.ctx, n_threads=opts.threads) as spec:
+        prompt = spec.tokenize(ALL_PROMPTS[opts.prompt])
+        for seed in range(opts.seed, opts.seed + opts.count):
+            settings = RunSettings(max_tokens=opts.n, temp=opts.temp, seed=seed, ignore_eos=True,
+                                   threads=opts.threads, ctx=opts.ctx)
+            generation = spec.generate(prompt, settings.generation_params())
+            generation.complete()
+            stats = generation.stats.as_dict()
+            texts.append({"seed": seed, "tokens": list(generation.tokens), "tps": stats["tokens_per_second"]})
+            print(f"seed {seed}: {stats['tokens_per_second']:.1f} tok/s", flush=True)
+        costs = spec.engine.costs.to_record()
+    Path(opts.out).write_text(json.dumps({"prompt_name": opts.prompt, "prompt": prompt, "temp": opts.temp,
+                                          "n": opts.n, "texts": texts, "costs": costs}))
+
+
+def replay_texts(recording: dict, carry: bool, oracle: bool) -> list[dict]:
+    """Each text replayed: simulated tok/s, rounds, drafted and rejected rows."""
+    from specli.costs import CostModel
+    from specli.drafters.base import Draft
+    from specli.drafters.ngram import NGramDrafter
+    from specli.policy import HORIZON, Learned, regime
+    from specli.proposer import RoundResult, make_proposer
+    from specli.sampling import Noise, Sampler
+    from specli.settings import RunSettings
+    from specli.verify import Verdict
+
+    prompt, n = recording["prompt"], recording["n"]
+    measured = CostModel()
+    measured.restore(recording["costs"])
+    params = RunSettings(max_tokens=n, temp=recording["temp"], ignore_eos=True).generation_params()
+    costs, learned = CostModel(), Learned()
+    costs.restore(recording["costs"])
+    results = []
+    for text in recording["texts"]:
+        if not carry:
+            costs, learned = CostModel(), Learned()
+            costs.restore(recording["costs"])
+        full = [*prompt, *text["tokens"]]
+        learned.enter(regime(params.sampling, True))
+        drafter = NGramDrafter()
+        proposer = make_proposer(drafter, "auto", costs, learned)
+        context = list(prompt)
+        proposer.begin(context, Sampler(params.sampling, Noise(text["seed"]), True))
+        emitted, seconds, rounds, drafted, rejected = 0, 0.0, 0, 0, 0
+        while emitted < n:
+            limit = n - emitted - 1
+            started = time.perf_counter()
+            if oracle:
+                proposal = drafter.lookup(context, min(limit, HORIZON - 1)) if limit else []
+                right = _agreeing(proposal, full, len(context))
+                curve = measured.verify_seconds(HORIZON, len(context) - 1)
+                while right and curve[right] >= (right + 1) * curve[0]:
+                    right -= 1  # a plain round is cheaper
+                draft = Draft(proposal[:right], None, drafter.name, [1.0] * right)
+            else:
+                draft = proposer.propose(context, limit, left=n - emitted)
+            draft_seconds = time.perf_counter() - started
+            batch = 1 + len(draft.tokens)
+            padding = 0 if oracle else proposer.batch_size(batch, HORIZON) - batch
+            verify_seconds = measured.verify_seconds(HORIZON, len(context) - 1)[batch + padding - 1]
+            accepted = _agreeing(draft.tokens, full, len(context))
+            committed = [*draft.tokens[:accepted], full[len(context) + accepted]]
+            context.extend(committed)
+            if not oracle:
+                verdict = Verdict(committed, accepted, [None] * len(committed))
+                proposer.observe(RoundResult(context, draft, verdict, draft_seconds, verify_seconds, padding))
+            emitted += len(committed)
+            seconds += draft_seconds + verify_seconds
+            rounds += 1
+            drafted += len(draft.tokens)
+            rejected += len(draft.tokens) - accepted
+        results.append({"seed": text["seed"], "tps": emitted / seconds, "recorded_tps": text["tps"],
+                        "rounds": rounds, "drafted": drafted, "rejected": rejected})
+    return results
+
+
+def _agreeing(proposal: list[int], full: list[int], at: int) -> int:
+    """How many of `proposal` the text has at `at` onwards."""
+    n = 0
+    while n < len(proposal) and at + n < len(full) and proposal[n] == full[at + n]:
+        n += 1
+    return n
+
+
+# A replay with another tree's specli: this file's functions, that tree's package first on sys.path.
+_RUNNER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(1, sys.argv[2])
+import replay_ngram
+recording = json.load(open(sys.argv[3]))
+print(json.dumps(replay_ngram.replay_texts(recording, sys.argv[4] == "1", False)))
+"""
+
+
+def replay(opts: argparse.Namespace) -> None:
+    recording = json.loads(Path(opts.texts).read_text())
+    runs: dict[str, list[dict]] = {}
+    if opts.root:
+        here = str(Path(__file__).resolve().parent)
+        for i, root in enumerate(opts.root):
+            proc = subprocess.run([sys.executable, "-c", _RUNNER, str(Path(root).resolve()), here, opts.texts,
+                                   "1" if opts.carry else "0"], capture_output=True, text=True, timeout=3600)
+            if proc.returncode:
+                raise SystemExit(f"{root}: {proc.stderr.strip()[-500:]}")
+            label = root if root not in runs else f"{root} ({i + 1})"
+            runs[label] = json.loads(proc.stdout.strip().splitlines()[-1])
+    else:
+        runs["specli"] = replay_texts(recording, opts.carry, False)
+    if opts.oracle:
+        runs["oracle"] = replay_texts(recording, opts.carry, True)
+    first = next(iter(runs.values()))
+    print(f"{recording['prompt_name']} T {recording['temp']:g}, {len(recording['texts'])} texts "
+          f"(recorded median {statistics.median(t['tps'] for t in recording['texts']):.1f} tok/s)")
+    for label, results in runs.items():
+        total = sum(r["rounds"] for r in results)
+        line = (f"{label:>24}: median {statistics.median(r['tps'] for r in results):6.1f} tok/s, "
+                f"{total} rounds, {sum(r['rejected'] for r in results)} of "
+                f"{sum(r['drafted'] for r in results)} drafted rejected")
+        if results is not first:
+            ratios = [r["tps"] / f["tps"] for r, f in zip(results, first, strict=True)]
+            line += f"; per text / first: median {statistics.median(ratios):.3f}"
+        print(line)
+    if opts.json_path:
+        Path(opts.json_path).write_text(json.dumps(runs, indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = ap.add_subparsers(dest="command", required=True)
+    rec = commands.add_parser("record", help="generate texts with specli's defaults and keep them")
+    rec.add_argument("--target", required=True)
+    rec.add_argument("--prompt", required=True, choices=sorted(ALL_PROMPTS))
+    rec.add_argument("--temp", type=float, default=0.8)
+    rec.add_argument("--seed", type=int, default=1000, help="the first text's seed (then +1 each)")
+    rec.add_argument("--count", type=int, default=20)
+    rec.add_argument("-n", type=int, default=256)
+    rec.add_argument("-t", "--threads", type=int, default=2)
+    rec.add_argument("-c", "--ctx", type=int, default=4096)
+    rec.add_argument("--out", required=True)
+    rep = commands.add_parser("replay", help="replay the policy over recorded texts")
+    rep.add_argument("texts")
+    rep.add_argument("--root", action="append", help="a specli tree to replay with (repeatable)")
+    rep.add_argument("--carry", action="store_true", help="one policy across the texts, as one process")
+    rep.add_argument("--oracle", action="store_true", help="also a policy that knows the text")
+    rep.add_argument("--json", dest="json_path")
+    opts = ap.parse_args()
+    record(opts) if opts.command == "record" else replay(opts)
+
+
+if __name__ == "__main__":
+    main()
