@@ -16,7 +16,8 @@ process (`--carry` keeps what the policy learned from one text to the next, as o
 `--root DIR` (repeatable) replays with the specli tree at DIR, each in its own process, and prints
 per-text ratios against the first; without it the installed specli. `--oracle` adds a policy that
 knows the text: each round it drafts exactly the lookup's tokens that will be accepted (none where
-a plain round is cheaper), the ceiling no policy reaches.
+a plain round is cheaper). It chooses round by round, so it is a ceiling for what the lookup offers
+in practice, not a strict one (a policy that drafts fewer, cheaper rounds can beat it on a text).
 
 Not modelled: sampling's own time (the same per committed token whatever the policy, ~2 % of a
 round here), bursts of machine load, and Gemma 3 270M Q4_K_M's texts forking with the batch layout
@@ -94,19 +95,25 @@ def replay_texts(recording: dict, carry: bool, oracle: bool) -> list[dict]:
         while emitted < n:
             limit = n - emitted - 1
             started = time.perf_counter()
+            position = len(context) - 1  # tokens in the target's cache before the round
+            curve = measured.verify_seconds(HORIZON, position)
             if oracle:
                 proposal = drafter.lookup(context, min(limit, HORIZON - 1)) if limit else []
                 right = _agreeing(proposal, full, len(context))
-                curve = measured.verify_seconds(HORIZON, len(context) - 1)
-                while right and curve[right] >= (right + 1) * curve[0]:
+                while right and curve[measured.cheapest_batch(right + 1, HORIZON, position) - 1] >= (
+                        right + 1) * curve[0]:
                     right -= 1  # a plain round is cheaper
                 draft = Draft(proposal[:right], None, drafter.name, [1.0] * right)
             else:
                 draft = proposer.propose(context, limit, left=n - emitted)
             draft_seconds = time.perf_counter() - started
             batch = 1 + len(draft.tokens)
-            padding = 0 if oracle else proposer.batch_size(batch, HORIZON) - batch
-            verify_seconds = measured.verify_seconds(HORIZON, len(context) - 1)[batch + padding - 1]
+            # Padded to a cheaper batch as the engine does: by what the policy has learned, or for
+            # the oracle by the measured costs.
+            padded = (measured.cheapest_batch(batch, HORIZON, position) if oracle
+                      else proposer.batch_size(batch, HORIZON))
+            padding = padded - batch
+            verify_seconds = curve[padded - 1]
             accepted = _agreeing(draft.tokens, full, len(context))
             committed = [*draft.tokens[:accepted], full[len(context) + accepted]]
             context.extend(committed)
