@@ -36,11 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_llamacpp import PROMPTS  # noqa: E402
-
-from specli.bench.suite import BUILTIN_PROMPTS  # noqa: E402
-
-ALL_PROMPTS = {**PROMPTS, **{p.name: p.text for p in BUILTIN_PROMPTS if p.name not in PROMPTS}}
+from ab_revisions import ALL_PROMPTS  # noqa: E402
 
 
 def record(opts: argparse.Namespace) -> None:
@@ -78,11 +74,10 @@ def replay_texts(recording: dict, carry: bool, oracle: bool) -> list[dict]:
     measured = CostModel()
     measured.restore(recording["costs"])
     params = RunSettings(max_tokens=n, temp=recording["temp"], ignore_eos=True).generation_params()
-    costs, learned = CostModel(), Learned()
-    costs.restore(recording["costs"])
+    costs = learned = None
     results = []
     for text in recording["texts"]:
-        if not carry:
+        if costs is None or not carry:  # a new process: the cost file's costs, nothing learned
             costs, learned = CostModel(), Learned()
             costs.restore(recording["costs"])
         full = [*prompt, *text["tokens"]]
