@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import replace
 
+import llama_cpp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -81,6 +83,61 @@ def test_process_logits_matches_full_sort_reference(params: SamplingParams) -> N
         assert abs(float(got.sum()) - 1) < 1e-5
         np.testing.assert_allclose(got, want, atol=2e-6)
         assert set(np.flatnonzero(got)) == set(np.flatnonzero(want))
+
+
+def llama_cpp_process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The probabilities llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, as its
+    common sampler orders them) leaves over `logits`, from its C code through the bindings."""
+    n = logits.shape[0]
+    rows = np.zeros(n, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+    rows["id"] = np.arange(n)
+    rows["logit"] = logits
+    data = (llama_cpp.llama_token_data * n)()
+    ctypes.memmove(data, rows.ctypes.data, rows.nbytes)
+    candidates = llama_cpp.llama_token_data_array(data, n, -1, False)
+    for sampler in (
+        llama_cpp.llama_sampler_init_top_k(params.top_k),
+        llama_cpp.llama_sampler_init_top_p(params.top_p, 1),
+        llama_cpp.llama_sampler_init_min_p(params.min_p, 1),
+        llama_cpp.llama_sampler_init_temp(params.temperature),
+    ):
+        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(candidates))
+        llama_cpp.llama_sampler_free(sampler)
+    left = np.frombuffer(data, dtype=rows.dtype, count=candidates.size)
+    z = np.exp(left["logit"].astype(np.float64) - float(left["logit"].max()))
+    out = np.zeros(n)
+    out[left["id"]] = z / z.sum()
+    return out
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # llama.cpp's defaults
+        SamplingParams(temperature=1.0, top_k=40, top_p=0.5),
+        SamplingParams(temperature=0.3, top_p=0.9),
+        SamplingParams(temperature=1.2, top_k=100, min_p=0.01),
+        SamplingParams(temperature=1.0, min_p=0.2),
+    ],
+)
+@pytest.mark.parametrize("n", [5000, 262_144])
+def test_filters_match_llama_cpps_own_sampler_chain(params: SamplingParams, n: int) -> None:
+    """What `specli --no-draft` samples is what llama-cli and llama-server sample: the same support
+    and probabilities as llama.cpp's C samplers leave (not only a re-implementation of their rules),
+    on peaked and flat rows."""
+    rng = np.random.default_rng(n)
+    for scale in (0.5, 2.0, 4.0, 8.0):
+        logits = (rng.standard_normal(n) * scale).astype(np.float32)
+        got = distribution(logits, params).dense()
+        want = llama_cpp_process(logits, params)
+        np.testing.assert_allclose(got, want, atol=2e-6)
+        if params.top_k or not params.top_p < 1:
+            assert set(np.flatnonzero(got)) == set(np.flatnonzero(want)), scale
+        else:
+            # top-p alone over a flat row keeps thousands of ids, and llama.cpp sums their mass in
+            # float32 (specli in float64, so the cut does not move with rounding): the cuts may be
+            # a few dozen of the smallest ids apart (Gemma's vocabulary: under 1e-5 of mass).
+            assert 0.5 * float(np.abs(got - want).sum()) < 1e-4, scale
 
 
 @pytest.mark.parametrize("n", [262_144, 32 * 4748 + 7])  # Gemma's vocabulary; one with a ragged tail
