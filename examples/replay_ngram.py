@@ -3,7 +3,8 @@ the drafter judged on the same texts in seconds instead of a benchmark's minutes
 
     python examples/replay_ngram.py record --target T.gguf --prompt copy-edit --temp 0.8 \\
         --seed 1000 --count 60 [-n 256] --out texts.json
-    python examples/replay_ngram.py replay texts.json [--root DIR ...] [--carry] [--oracle] [--json F]
+    python examples/replay_ngram.py replay texts.json [--root DIR ...] [--carry] [--oracle] [--branches]
+        [--json F]
 
 Why it is exact: with a seed and same-as-plain verification (specli's default), the tokens a
 generation commits do not depend on what was drafted, only on the seed (docs/exactness.md). So a
@@ -18,6 +19,9 @@ per-text ratios against the first; without it the installed specli. `--oracle` a
 knows the text: each round it drafts exactly the lookup's tokens that will be accepted (none where
 a plain round is cheaper). It chooses round by round, so it is a ceiling for what the lookup offers
 in practice, not a strict one (a policy that drafts fewer, cheaper rounds can beat it on a text).
+`--branches` asks what a draft tree of two branches could win: where a draft failed, was the
+lookup's runner-up the text's token, and in a plain round its first or second candidate; each hit
+is priced at the round it could save, each extra row at the verify curve (`_BranchTally`).
 
 Not modelled: sampling's own time (the same per committed token whatever the policy, ~2 % of a
 round here), bursts of machine load, and Gemma 3 270M Q4_K_M's texts forking with the batch layout
@@ -59,8 +63,9 @@ def record(opts: argparse.Namespace) -> None:
                                           "n": opts.n, "texts": texts, "costs": costs}))
 
 
-def replay_texts(recording: dict, carry: bool, oracle: bool) -> list[dict]:
-    """Each text replayed: simulated tok/s, rounds, drafted and rejected rows."""
+def replay_texts(recording: dict, carry: bool, oracle: bool, branches: bool = False) -> list[dict]:
+    """Each text replayed: simulated tok/s, rounds, drafted and rejected rows; with `branches`, what
+    a second branch of the draft tree could have won (`_BranchTally`)."""
     from specli.costs import CostModel
     from specli.drafters.base import Draft
     from specli.drafters.ngram import NGramDrafter
@@ -87,6 +92,7 @@ def replay_texts(recording: dict, carry: bool, oracle: bool) -> list[dict]:
         context = list(prompt)
         proposer.begin(context, Sampler(params.sampling, Noise(text["seed"]), True))
         emitted, seconds, rounds, drafted, rejected = 0, 0.0, 0, 0, 0
+        tally = _BranchTally()
         while emitted < n:
             limit = n - emitted - 1
             started = time.perf_counter()
@@ -110,6 +116,9 @@ def replay_texts(recording: dict, carry: bool, oracle: bool) -> list[dict]:
             padding = padded - batch
             verify_seconds = curve[padded - 1]
             accepted = _agreeing(draft.tokens, full, len(context))
+            if branches and limit:
+                tally.add(drafter, full, context, draft.tokens, accepted, curve, padded,
+                          measured.cheapest_batch(min(padded + 1, HORIZON), HORIZON, position))
             committed = [*draft.tokens[:accepted], full[len(context) + accepted]]
             context.extend(committed)
             if not oracle:
@@ -120,9 +129,58 @@ def replay_texts(recording: dict, carry: bool, oracle: bool) -> list[dict]:
             rounds += 1
             drafted += len(draft.tokens)
             rejected += len(draft.tokens) - accepted
-        results.append({"seed": text["seed"], "tps": emitted / seconds, "recorded_tps": text["tps"],
-                        "rounds": rounds, "drafted": drafted, "rejected": rejected})
+        results.append({"seed": text["seed"], "tps": emitted / seconds, "seconds": seconds,
+                        "recorded_tps": text["tps"], "rounds": rounds, "drafted": drafted,
+                        "rejected": rejected,
+                        **(vars(tally) if branches else {})})
     return results
+
+
+class _BranchTally:
+    """What verifying a second branch could win, against its cost: at the position where a draft was
+    rejected, the lookup's runner-up (the next most followed token among the long copy's occurrences
+    or the longest n-gram's counts); in a plain round, its first and second candidates as two rows.
+    A hit saves at most a round's fixed part (the next round drafts the rest anyway), so `fork_bound`
+    (a branch verified only where it hits, at no cost) is a ceiling; `fork_cost` is one more row in
+    every drafted round, `fork0_gain` what such a row at the first position wins. In plain rounds
+    the first candidate alone is what the policy declined to draft; `plain_gain` counts either."""
+
+    def __init__(self) -> None:
+        self.fork_hits = self.plain_first_hits = self.plain_second_hits = 0
+        self.fork_bound = self.fork_cost = self.fork0_gain = self.plain_cost = self.plain_gain = 0.0
+
+    def add(self, drafter, full: list[int], context: list[int], tokens: list[int], accepted: int,
+            curve: list[float], padded: int, padded_one_more: int) -> None:
+        seq = [*context, *tokens[:accepted]]
+        actual, ranked = full[len(seq)], _candidates(drafter, seq)
+        if not tokens:
+            self.plain_cost += curve[2] - curve[0]
+            self.plain_first_hits += ranked[:1] == [actual]
+            self.plain_second_hits += ranked[1:2] == [actual]
+            self.plain_gain += curve[0] if actual in ranked[:2] else 0.0
+            return
+        self.fork_cost += curve[padded_one_more - 1] - curve[padded - 1]
+        if accepted < len(tokens) and next((t for t in ranked if t != tokens[accepted]), None) == actual:
+            self.fork_hits += 1
+            self.fork_bound += curve[0]
+            self.fork0_gain += curve[0] if accepted == 0 else 0.0
+
+
+def _candidates(drafter, seq: list[int]) -> list[int]:
+    """The lookup's candidates for the token after `seq`, most followed first: the long copy's
+    occurrences' votes, then each n-gram's counts from the longest n down (its indexes as they stand;
+    nothing new is counted)."""
+    ranked: list[int] = []
+    followers, _ = drafter._occurrences(seq)
+    votes: dict[int, list[int]] = {}
+    for pos in followers:
+        votes.setdefault(seq[pos], []).append(pos)
+    by_votes = sorted(votes.items(), key=lambda item: (len(item[1]), item[1][-1]), reverse=True)
+    ranked += [t for t, _ in by_votes]
+    for n in range(min(drafter.n_max, len(seq)), drafter.n_min - 1, -1):
+        seen = drafter._follow[n].get(tuple(seq[-n:]), {})
+        ranked += [t for t, _ in sorted(seen.items(), key=lambda item: tuple(item[1]), reverse=True)]
+    return list(dict.fromkeys(ranked))
 
 
 def _agreeing(proposal: list[int], full: list[int], at: int) -> int:
@@ -140,7 +198,7 @@ sys.path.insert(0, sys.argv[1])
 sys.path.insert(1, sys.argv[2])
 import replay_ngram
 recording = json.load(open(sys.argv[3]))
-print(json.dumps(replay_ngram.replay_texts(recording, sys.argv[4] == "1", False)))
+print(json.dumps(replay_ngram.replay_texts(recording, sys.argv[4] == "1", False, sys.argv[5] == "1")))
 """
 
 
@@ -150,14 +208,15 @@ def replay(opts: argparse.Namespace) -> None:
     if opts.root:
         here = str(Path(__file__).resolve().parent)
         for i, root in enumerate(opts.root):
+            flags = ["1" if opts.carry else "0", "1" if opts.branches else "0"]
             proc = subprocess.run([sys.executable, "-c", _RUNNER, str(Path(root).resolve()), here, opts.texts,
-                                   "1" if opts.carry else "0"], capture_output=True, text=True, timeout=3600)
+                                   *flags], capture_output=True, text=True, timeout=3600)
             if proc.returncode:
                 raise SystemExit(f"{root}: {proc.stderr.strip()[-500:]}")
             label = root if root not in runs else f"{root} ({i + 1})"
             runs[label] = json.loads(proc.stdout.strip().splitlines()[-1])
     else:
-        runs["specli"] = replay_texts(recording, opts.carry, False)
+        runs["specli"] = replay_texts(recording, opts.carry, False, opts.branches)
     if opts.oracle:
         runs["oracle"] = replay_texts(recording, opts.carry, True)
     first = next(iter(runs.values()))
@@ -172,8 +231,25 @@ def replay(opts: argparse.Namespace) -> None:
             ratios = [r["tps"] / f["tps"] for r, f in zip(results, first, strict=True)]
             line += f"; per text / first: median {statistics.median(ratios):.3f}"
         print(line)
+        if opts.branches and label != "oracle":
+            print(_branch_line(results))
     if opts.json_path:
         Path(opts.json_path).write_text(json.dumps(runs, indent=2))
+
+
+def _branch_line(results: list[dict]) -> str:
+    """A second branch's figures summed over the texts, as shares of their replayed time."""
+    total = sum(r["seconds"] for r in results)
+
+    def sum_of(key: str) -> float:
+        return sum(r[key] for r in results)
+
+    return (f"{'':>24}  a second branch: runner-up right where {sum_of('fork_hits'):.0f} drafts failed, "
+            f"ceiling {sum_of('fork_bound') / total:.1%} of the time; one more row in every drafted round "
+            f"costs {sum_of('fork_cost') / total:.1%}, wins {sum_of('fork0_gain') / total:.1%} at the first "
+            f"position; in plain rounds the first candidate was right {sum_of('plain_first_hits'):.0f} "
+            f"times, the second {sum_of('plain_second_hits'):.0f}: both as two rows cost "
+            f"{sum_of('plain_cost') / total:.1%}, win at most {sum_of('plain_gain') / total:.1%}")
 
 
 def main() -> None:
@@ -194,6 +270,8 @@ def main() -> None:
     rep.add_argument("--root", action="append", help="a specli tree to replay with (repeatable)")
     rep.add_argument("--carry", action="store_true", help="one policy across the texts, as one process")
     rep.add_argument("--oracle", action="store_true", help="also a policy that knows the text")
+    rep.add_argument("--branches", action="store_true",
+                     help="also what verifying a second candidate (a two-branch tree) could win")
     rep.add_argument("--json", dest="json_path")
     opts = ap.parse_args()
     record(opts) if opts.command == "record" else replay(opts)
