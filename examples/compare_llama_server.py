@@ -35,7 +35,8 @@ specli 46-167 tok/s over 5 seeds): use many repetitions there. At T > 0 each cel
 side's rate at the same predictable share (the share of a text's tokens that a 3-token lookup
 predicts, `predictable_share`): a line of seconds per token in that share fitted to each side's runs,
 read at the mean share of all of them, which compares the sides text for text rather than by the
-texts each happened to draw.
+texts each happened to draw. For the same texts on both sides, measured rather than fitted, use
+compare_same_text.py: it runs specli on the server's own sampled text.
 """
 
 from __future__ import annotations
@@ -146,11 +147,13 @@ def specli_run(target: str, draft: str, prompt: str, n: int, temp: float, seed: 
 
 
 # A fresh process generating from token ids with `specli run`'s defaults (the CLI takes text only).
+# BEFORE is code run first in it, with `extra` at hand (compare_same_text.py scripts the noise there).
 _SPECLI_FROM_TOKENS = """
 import json, sys
 from specli.api import load
 from specli.settings import RunSettings
-target, draft, ids, n, temp, seed, threads, ctx = json.loads(sys.argv[1])
+target, draft, ids, n, temp, seed, threads, ctx, extra = json.loads(sys.argv[1])
+BEFORE
 settings = RunSettings(max_tokens=n, temp=temp, seed=seed, ignore_eos=True, threads=threads, ctx=ctx)
 with load(target, draft, n_ctx=ctx, n_threads=threads) as spec:
     generation = spec.generate(ids, settings.generation_params())
@@ -160,10 +163,10 @@ with load(target, draft, n_ctx=ctx, n_threads=threads) as spec:
 
 
 def specli_tokens(target: str, draft: str, ids: list[int], n: int, temp: float, seed: int, threads: int,
-                  ctx: int) -> dict:
-    args = json.dumps([target, draft, ids, n, temp, seed, threads, ctx])
-    proc = subprocess.run([sys.executable, "-c", _SPECLI_FROM_TOKENS, args], capture_output=True, text=True,
-                          timeout=900)
+                  ctx: int, before: str = "", extra: object = None) -> dict:
+    args = json.dumps([target, draft, ids, n, temp, seed, threads, ctx, extra])
+    code = _SPECLI_FROM_TOKENS.replace("BEFORE", before)
+    proc = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, timeout=900)
     if proc.returncode:
         raise SystemExit(f"specli: {proc.stderr.strip()[-400:]}")
     stats = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -288,6 +291,27 @@ def report_cell(name: str, temp: float, samples: dict[str, list[dict]], prompt: 
             "samples": samples}
 
 
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
+    """Threads, context, pauses, seeds and --json, as every llama-server comparison takes them."""
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-c", "--ctx", type=int, default=4096)
+    ap.add_argument("--settle", type=float, default=2.0, metavar="SECONDS",
+                    help="pause before each measurement, with nothing else of this script running")
+    ap.add_argument("--seed", type=int, default=1000, help="the first repetition's seed (then +1 each)")
+    ap.add_argument("--json", dest="json_path")
+
+
+def server_and_target(target: str | None) -> tuple[Path, str]:
+    """The llama-server binary and the target GGUF (default: Gemma 3 270M), or a one-line exit."""
+    binary = find_tool("llama-server")
+    if binary is None:
+        raise SystemExit("llama-server not found: run examples/build_llama_tools.sh")
+    target = target or (str(gemma_path()) if gemma_path() else None)
+    if target is None:
+        raise SystemExit(GEMMA_HINT)
+    return binary, target
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target")
@@ -300,20 +324,10 @@ def main() -> None:
                     help="a prompt as a JSON list of token ids (replaces the built-in prompts)")
     ap.add_argument("--defaults-only", action="store_true", help="each type at its defaults only (no n8)")
     ap.add_argument("--n8-only", action="store_true", help="each type drafting at most 8 only")
-    ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("-c", "--ctx", type=int, default=4096)
-    ap.add_argument("--settle", type=float, default=2.0, metavar="SECONDS",
-                    help="pause before each measurement, with nothing else of this script running")
-    ap.add_argument("--seed", type=int, default=1000, help="the first repetition's seed (then +1 each)")
-    ap.add_argument("--json", dest="json_path")
+    add_run_arguments(ap)
     opts = ap.parse_args()
     tokens = token_prompts(opts.token_prompt)
-    binary = find_tool("llama-server")
-    if binary is None:
-        raise SystemExit("llama-server not found: run examples/build_llama_tools.sh")
-    target = opts.target or (str(gemma_path()) if gemma_path() else None)
-    if target is None:
-        raise SystemExit(GEMMA_HINT)
+    binary, target = server_and_target(opts.target)
     configs = draft_configs(opts.draft) if opts.draft else NGRAM_CONFIGS
     if not opts.draft and (opts.defaults_only or opts.n8_only):
         configs = [(label, flags) for label, flags in configs if label.endswith(" n8") == opts.n8_only]

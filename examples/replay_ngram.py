@@ -4,7 +4,7 @@ the drafter judged on the same texts in seconds instead of a benchmark's minutes
     python examples/replay_ngram.py record --target T.gguf --prompt copy-edit --temp 0.8 \\
         --seed 1000 --count 60 [-n 256] --out texts.json
     python examples/replay_ngram.py replay texts.json [--root DIR ...] [--carry] [--oracle] [--branches]
-        [--json F]
+        [--ngram-simple] [--json F]
 
 Why it is exact: with a seed and same-as-plain verification (specli's default), the tokens a
 generation commits do not depend on what was drafted, only on the seed (docs/exactness.md). So a
@@ -22,6 +22,7 @@ in practice, not a strict one (a policy that drafts fewer, cheaper rounds can be
 `--branches` asks what a draft tree of two branches could win: where a draft failed, was the
 lookup's runner-up the text's token, and in a plain round its first or second candidate; each hit
 is priced at the round it could save, each extra row at the verify curve (`_BranchTally`).
+`--ngram-simple` adds llama-server's ngram-simple rule replayed the same way (`simple_draft`).
 
 Not modelled: sampling's own time (the same per committed token whatever the policy, ~2 % of a
 round here), bursts of machine load, and Gemma 3 270M Q4_K_M's texts forking with the batch layout
@@ -183,6 +184,52 @@ def _candidates(drafter, seq: list[int]) -> list[int]:
     return list(dict.fromkeys(ranked))
 
 
+def simple_draft(tokens: list[int], size_n: int = 12, size_m: int = 48) -> list[int]:
+    """What llama-server's ngram-simple drafts after `tokens` (llama.cpp common/ngram-map.cpp,
+    common_ngram_simple_draft, at its defaults): the tokens that followed the latest earlier
+    occurrence of the last size_n tokens, at most size_m of them and nothing if fewer than size_n."""
+    end = len(tokens)
+    if end <= size_n + size_m + 1:
+        return []
+    pattern = tokens[end - size_n :]
+    for start in range(end - size_n - 1, 0, -1):
+        if tokens[start : start + size_n] == pattern:
+            follow = tokens[start + size_n : start + size_n + size_m]
+            return follow if len(follow) >= size_n else []
+    return []
+
+
+def replay_simple(recording: dict) -> list[dict]:
+    """ngram-simple's rule over each recorded text, each round charged as replay_texts charges it
+    (the recording's verify curve, no padding: the server does not pad, plus the lookup's time)."""
+    from specli.costs import CostModel
+    from specli.policy import HORIZON
+
+    prompt, n = recording["prompt"], recording["n"]
+    measured = CostModel()
+    measured.restore(recording["costs"])
+    results = []
+    for text in recording["texts"]:
+        full = [*prompt, *text["tokens"]]
+        context = list(prompt)
+        emitted, seconds, rounds, drafted, rejected = 0, 0.0, 0, 0, 0
+        while emitted < n:
+            curve = measured.verify_seconds(HORIZON, len(context) - 1)
+            started = time.perf_counter()
+            draft = simple_draft(context)[: min(n - emitted - 1, HORIZON - 1)]
+            seconds += time.perf_counter() - started + curve[len(draft)]
+            accepted = _agreeing(draft, full, len(context))
+            context.extend([*draft[:accepted], full[len(context) + accepted]])
+            emitted += accepted + 1
+            rounds += 1
+            drafted += len(draft)
+            rejected += len(draft) - accepted
+        results.append({"seed": text["seed"], "tps": emitted / seconds, "seconds": seconds,
+                        "recorded_tps": text["tps"], "rounds": rounds, "drafted": drafted,
+                        "rejected": rejected})
+    return results
+
+
 def _agreeing(proposal: list[int], full: list[int], at: int) -> int:
     """How many of `proposal` the text has at `at` onwards."""
     n = 0
@@ -219,6 +266,8 @@ def replay(opts: argparse.Namespace) -> None:
         runs["specli"] = replay_texts(recording, opts.carry, False, opts.branches)
     if opts.oracle:
         runs["oracle"] = replay_texts(recording, opts.carry, True)
+    if opts.ngram_simple:
+        runs["ngram-simple rule"] = replay_simple(recording)
     first = next(iter(runs.values()))
     print(f"{recording['prompt_name']} T {recording['temp']:g}, {len(recording['texts'])} texts "
           f"(recorded median {statistics.median(t['tps'] for t in recording['texts']):.1f} tok/s)")
@@ -231,7 +280,7 @@ def replay(opts: argparse.Namespace) -> None:
             ratios = [r["tps"] / f["tps"] for r, f in zip(results, first, strict=True)]
             line += f"; per text / first: median {statistics.median(ratios):.3f}"
         print(line)
-        if opts.branches and label != "oracle":
+        if opts.branches and label not in ("oracle", "ngram-simple rule"):
             print(_branch_line(results))
     if opts.json_path:
         Path(opts.json_path).write_text(json.dumps(runs, indent=2))
@@ -272,6 +321,8 @@ def main() -> None:
     rep.add_argument("--oracle", action="store_true", help="also a policy that knows the text")
     rep.add_argument("--branches", action="store_true",
                      help="also what verifying a second candidate (a two-branch tree) could win")
+    rep.add_argument("--ngram-simple", action="store_true",
+                     help="also llama-server's ngram-simple rule, replayed over the same texts")
     rep.add_argument("--json", dest="json_path")
     opts = ap.parse_args()
     record(opts) if opts.command == "record" else replay(opts)
