@@ -6,10 +6,11 @@
 At a temperature above 0 each side of compare_llama_server.py samples its own text with its own
 random numbers, and a text that copies its prompt runs several times faster than one that does not:
 the median of per-pair ratios then mostly measures which texts each side drew (Gemma 3 270M's
-copy-edit at T 0.8: 0.94, 1.10, 1.12 and 1.01 in four runs of the same code). Worse, llama-server's
-draws at consecutive seeds are not a fair sample of the model's distribution: its first token on
-copy-edit is one the model gives 0.36 in 60 of 120 texts (seeds 1000-1019, 2000-2019, 3000-3039,
-4000-4039), where specli's keyed noise drew it in 36.
+copy-edit at T 0.8: 0.94, 1.10, 1.12 and 1.01 in four runs of the same code). A set of seeds can
+also tilt one side: on copy-edit the server's first token was one the model gives 0.36 (and that
+copies the most) in 60 of 120 texts (seeds 1000-1019, 2000-2019, 3000-3039, 4000-4039), because the
+first uniform of std::mt19937 falls below 0.36 at half of those seeds (at 35.8 % over seeds
+0-19999); specli's keyed noise drew it in 36.
 
 Here each repetition asks a fresh llama-server (`--type`, at its defaults) for a text, then runs
 specli in a fresh process on the same prompt with `specli run`'s defaults and its random numbers
@@ -18,9 +19,9 @@ scripted id's Gumbel noise raised far above every other's), so specli drafts, ve
 commits exactly as it does on its own texts, with real llama.cpp decodes and its own timing, on the
 server's text. The rows specli computes differ from the server's in the last bits (other batches),
 so where the scripted token falls just outside specli's filtered support (a min-p or top-p cut)
-specli commits its own best token there and follows the script again from the next position: such
-a text differs in a token or two, and the figures are given over all texts and over the identical
-ones alone. Rates, both over the whole generation with the prompt excluded:
+specli commits its own best token there and the texts part (often for good: the script's later
+tokens may not fit specli's context). Such texts are counted, and the figures are given over all
+texts and over the identical ones alone. Rates, both over the whole generation with the prompt excluded:
 the server's timings.predicted_per_second, specli's GenerationStats tokens/s. The server runs first
 in every repetition (its text is the script); each side is a fresh process after the same pause.
 """
