@@ -130,11 +130,16 @@ def replay_texts(recording: dict, carry: bool, oracle: bool, branches: bool = Fa
             rounds += 1
             drafted += len(draft.tokens)
             rejected += len(draft.tokens) - accepted
-        results.append({"seed": text["seed"], "tps": emitted / seconds, "seconds": seconds,
-                        "recorded_tps": text["tps"], "rounds": rounds, "drafted": drafted,
-                        "rejected": rejected,
-                        **(vars(tally) if branches else {})})
+        results.append(_text_result(text, emitted, seconds, rounds, drafted, rejected,
+                                    **(vars(tally) if branches else {})))
     return results
+
+
+def _text_result(text: dict, emitted: int, seconds: float, rounds: int, drafted: int, rejected: int,
+                 **extra: float) -> dict:
+    """One replayed text's record (replay_texts, replay_simple)."""
+    return {"seed": text["seed"], "tps": emitted / seconds, "seconds": seconds, "recorded_tps": text["tps"],
+            "rounds": rounds, "drafted": drafted, "rejected": rejected, **extra}
 
 
 class _BranchTally:
@@ -224,9 +229,7 @@ def replay_simple(recording: dict) -> list[dict]:
             rounds += 1
             drafted += len(draft)
             rejected += len(draft) - accepted
-        results.append({"seed": text["seed"], "tps": emitted / seconds, "seconds": seconds,
-                        "recorded_tps": text["tps"], "rounds": rounds, "drafted": drafted,
-                        "rejected": rejected})
+        results.append(_text_result(text, emitted, seconds, rounds, drafted, rejected))
     return results
 
 
