@@ -43,6 +43,19 @@ class Speculator:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
         return self.engine.generate(tokens, params or GenerationParams())
 
+    def abort(self) -> None:
+        """Stop the running generation's decodes, from another thread: its iteration raises
+        llama.DecodeAborted within one graph node, and so does every generation until `resume()`."""
+        for model in self._models():
+            model.abort()
+
+    def resume(self) -> None:
+        for model in self._models():
+            model.resume()
+
+    def _models(self) -> list[Model]:
+        return [self.target, *(self.drafter.models if self.drafter is not None else ())]
+
     def close(self) -> None:
         """Free the models this Speculator loaded (the drafter's, then the target), after saving what
         decodes cost for the next process (costcache)."""

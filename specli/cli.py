@@ -470,6 +470,21 @@ def serve(
         8, "--queue", min=0, metavar="N",
         help="Requests that may wait while one generates; more get 503 with Retry-After.",
     ),
+    read_timeout: float = typer.Option(
+        10.0, "--read-timeout", min=0.1, max=3600, metavar="SECONDS",
+        help="Seconds a client has to send a request's head, and each part of its body; idle connections "
+        "close after it.",
+    ),
+    allow_host: list[str] | None = typer.Option(
+        None, "--allow-host", metavar="NAME",
+        help="A host name the server answers for besides its address, localhost and this machine's names "
+        "(repeatable; '*': any, behind a trusted proxy).",
+    ),
+    allow_origin: list[str] | None = typer.Option(
+        None, "--allow-origin", metavar="ORIGIN",
+        help="A web page's origin (http://host:port) that may call the API from a browser, with CORS "
+        "(repeatable).",
+    ),
     max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="serve",
                                             help="Tokens per reply at most, unless a request says."),
     draft_max: str | None = setting_option("draft_max", "-k", "--draft-max", command="serve"),
@@ -504,8 +519,17 @@ def serve(
         one_target(name, target, "serve")
         if alias is not None and not valid_text(alias, "--alias").strip():
             raise UsageProblem("--alias is empty: give the name clients should use for the model")
+        if api_key is None and os.environ.get("SPECLI_API_KEY") == "":
+            api_key = ""  # click reads an empty variable as unset: that would serve with no key, silently
         if api_key is not None:
-            valid_text(api_key, "--api-key")
+            api_key = checked_api_key(api_key)
+        if allow_origin:
+            from specli.serve.origins import canonical_origin
+
+            for origin in allow_origin:
+                if canonical_origin(valid_text(origin, "--allow-origin")) is None:
+                    raise UsageProblem(f"--allow-origin {origin!r} is not an origin such as "
+                                       "http://localhost:3000")
         plan = plan_run("serve", name or target, draft, no_draft=no_draft, ngram=ngram, config=config,
                         flags=flags)
         for note in plan.notes:
@@ -518,8 +542,26 @@ def serve(
             return spec
 
         options = ServeOptions(alias=alias or plan.target_name or plan.target.name.removesuffix(".gguf"),
-                               api_key=api_key or None, max_waiting=queue)
+                               api_key=api_key, max_waiting=queue, read_timeout=read_timeout, host=host,
+                               allow_hosts=tuple(allow_host or ()), allow_origins=tuple(allow_origin or ()))
         run_server(plan, plan.settings, options, host=host, port=port, load=load, notes=lambda: load_notes)
+
+
+def checked_api_key(key: str) -> str:
+    """A key a client can send: printable ASCII (HTTP headers carry nothing else: the openai package
+    cannot even encode another), no spaces at its ends (header values lose them), not empty (an empty
+    SPECLI_API_KEY would silently start a server without one)."""
+    valid_text(key, "--api-key")
+    if not key:
+        raise UsageProblem("the API key is empty (is SPECLI_API_KEY set to nothing?): give a key, or "
+                           "unset it to serve without one")
+    if key != key.strip():
+        raise UsageProblem("the API key begins or ends with a space, which an HTTP header cannot carry")
+    if not all(" " <= c <= "~" for c in key):
+        bad = next(c for c in key if not " " <= c <= "~")
+        raise UsageProblem(f"the API key holds {bad!r}: HTTP headers carry printable ASCII only, so no "
+                           "client could send it")
+    return key
 
 
 @app.command()

@@ -169,7 +169,7 @@ class SpeculativeEngine:
                 RoundResult(context, draft, verdict, t_drafted - t_start, t_verified - t_drafted, padding)
             )
             budget = params.max_tokens - n_emitted
-            events, emitted, stop_reason = _emit(target, stream, draft, verdict, index, budget)
+            events, emitted, stop_reason, used = _emit(target, stream, draft, verdict, index, budget)
             n_emitted += emitted
             t_end = time.perf_counter()
             yield from events
@@ -184,6 +184,7 @@ class SpeculativeEngine:
                 t_end - t_verified,
                 target.decode_seconds + proposer.decode_seconds - decoded,
                 t_end - gen_start,
+                used if used < len(verdict.tokens) else None,
             )
             index += 1
 
@@ -200,10 +201,11 @@ class SpeculativeEngine:
 
 def _emit(
     target: Model, stream: TextStream, draft: Draft, verdict: Verdict, index: int, budget: int
-) -> tuple[list[Event], int, str]:
+) -> tuple[list[Event], int, str, int]:
     """A round's events: its accepted drafts, the rejected ones (before the target's correction, as
     they were drafted), then the target's own token; at most `budget` tokens, none from EOG on, none
-    past a stop string. Returns (events, tokens emitted, "eos" | "stop" | "length")."""
+    past a stop string. Returns (events, tokens emitted, "eos" | "stop" | "length", verified tokens
+    used: up to the one that ended the output, or all)."""
     k, n_accepted = len(draft.tokens), verdict.n_accepted
     last_origin = Origin.PLAIN if k == 0 else (Origin.BONUS if n_accepted == k else Origin.CORRECTED)
     events: list[Event] = []
@@ -213,13 +215,13 @@ def _emit(
             rejected = draft.tokens[n_accepted:]
             events.append(RejectedEvent(rejected, target.detokenize(rejected), index, draft.drafter))
         if target.is_eog(token):
-            return events, emitted, "eos"
+            return events, emitted, "eos", i + 1
         origin = Origin.ACCEPTED if i < n_accepted else last_origin
         drafter = draft.drafter if origin is Origin.ACCEPTED else None
         events.extend(stream.push(TokenEvent(token, "", origin, index, drafter)))
         emitted += 1
         if stream.stopped:
-            return events, emitted, "stop"
+            return events, emitted, "stop", i + 1
         if emitted >= budget:
-            break
-    return events, emitted, "length"
+            return events, emitted, "length", i + 1
+    return events, emitted, "length", len(verdict.tokens)

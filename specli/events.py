@@ -48,6 +48,20 @@ class RoundEvent:
     other_seconds: float  # sampling, acceptance, bookkeeping
     decode_seconds: float = 0.0  # of the round, inside llama_decode (target and draft)
     elapsed_seconds: float = 0.0  # since the first round began, at this round's end
+    # Where the output ended inside this round (end of text, a stop text): the verified tokens it took,
+    # the one that ended it included. None: the round's tokens were all used.
+    used: int | None = None
+
+    @property
+    def judged(self) -> int:
+        """Drafts the output reached: all k, or those up to where it ended (drafts past an end of text
+        or a stop text never count as drafted, nor as accepted)."""
+        return self.k if self.used is None else min(self.k, self.used)
+
+    @property
+    def kept(self) -> int:
+        """Accepted drafts the output reached."""
+        return self.accepted if self.used is None else min(self.accepted, self.used)
 
 
 @dataclass(slots=True)

@@ -35,6 +35,27 @@ class RollbackError(LlamaError):
     """A recurrent/hybrid model cannot return its state to an earlier position (beyond its bound)."""
 
 
+class DecodeAborted(LlamaError):
+    """A decode stopped by `Model.abort()` (from another thread); the cache holds what it held before
+    the chunk that was stopped."""
+
+
+class PromptTooLong(LlamaError, ValueError):
+    """A prompt that leaves the context no room for a reply; front ends add what the user can do."""
+
+    def __init__(self, n_tokens: int, n_ctx: int, *, exact: bool = True) -> None:
+        self.n_tokens, self.n_ctx, self.exact = n_tokens, n_ctx, exact
+        super().__init__(f"the prompt is {'' if exact else 'at least '}{n_tokens} tokens but the context "
+                         f"holds {n_ctx}")
+
+
+def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
+    """The one rule for whether a prompt fits: its last token is decoded with the first round and the
+    reply's first token needs no cache slot, so a prompt of up to n_ctx tokens gets at least one."""
+    if n_tokens > n_ctx:
+        raise PromptTooLong(n_tokens, n_ctx)
+
+
 # -- logging -------------------------------------------------------------------------------------------
 
 # llama.cpp's log callback is C code, never Python: Python runs a signal's handler between any two
@@ -49,6 +70,14 @@ _QUIET_LOG = ctypes.cast(ctypes.pythonapi.Py_IsInitialized, llc.llama_log_callba
 _LLAMA_CPP_LOG = llc.llama_log_callback()  # a NULL function pointer
 _backend_ready = False
 _log_verbose = False
+
+# Stopping a decode from another thread (a server's cancelled request) without Python in the callback:
+# llama.cpp's abort callback is `bool f(void *data)`, called between graph nodes, and libc's strlen
+# is such a function: it returns the length of the string at `data`, nonzero (abort) once the first
+# byte of the model's flag buffer is set. The bool is read from the return register's low byte, and
+# the flag holds at most one nonzero byte, so the length is 0 or 1.
+_ABORT_IF_SET = ctypes.cast((ctypes.cdll.msvcrt if os.name == "nt" else ctypes.CDLL(None)).strlen,
+                            llc.ggml_abort_callback)
 
 
 def set_verbose(verbose: bool) -> None:
@@ -220,6 +249,9 @@ class Model:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        self._abort_flag = ctypes.create_string_buffer(2)  # b"\0": run on; b"\1": abort (see _ABORT_IF_SET)
+        cparams.abort_callback = _ABORT_IF_SET
+        cparams.abort_callback_data = ctypes.cast(self._abort_flag, ctypes.c_void_p)
         if recurrent:
             # llama.cpp clamps this to 0 for architectures without bounded rollback (read back below).
             cparams.n_rs_seq = max(0, opts.max_rollback)
@@ -238,6 +270,7 @@ class Model:
             self._batch.seq_id[i][0] = 0
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self._pieces: dict[int, bytes] = {}
+        self._longest_piece: int | None = None  # bytes, of the vocabulary's longest piece (fewest_tokens)
         self._eog: tuple[int, ...] | None = None
         self._is_eog: dict[int, bool] = {}
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
@@ -375,18 +408,45 @@ class Model:
 
     # -- text ----------------------------------------------------------------------------------------
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 fit: int | None = None) -> list[int]:
+        """The tokens of `text`. fit: raise PromptTooLong if they would not fit a context of `fit`
+        tokens, before tokenizing where the text's length alone shows it (see fewest_tokens), and
+        without building the long list otherwise (a server's huge prompt costs no memory for it)."""
         data = text.encode("utf-8")
-        cap = len(data) + 16
+        if fit is not None and (least := self.fewest_tokens(len(data))) > fit:
+            raise PromptTooLong(least, fit, exact=False)
+        cap = len(data) + 16 if fit is None else min(len(data) + 16, fit + 1)
         buf = (llc.llama_token * cap)()
         n = llc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0 and fit is not None and -n > fit:
+            raise PromptTooLong(-n, fit)
         if n < 0:
             cap = -n
             buf = (llc.llama_token * cap)()
             n = llc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             raise LlamaError("tokenization failed")
+        if fit is not None:
+            check_prompt_fits(n, fit)
         return list(buf[:n])
+
+    def fewest_tokens(self, n_bytes: int) -> int:
+        """A floor on the tokens of any text of `n_bytes` UTF-8 bytes: no token of a BPE or SPM
+        vocabulary stands for more input bytes than its own piece (special tokens as written), so the
+        text needs at least n_bytes / the longest piece. 0 for other vocabularies, whose normalisation
+        (NFKC, lower-casing) can shrink the text before it is split."""
+        if n_bytes <= 0 or llc.llama_vocab_type(self._vocab) not in (llc.LLAMA_VOCAB_TYPE_SPM,
+                                                                     llc.LLAMA_VOCAB_TYPE_BPE):
+            return 0
+        if self._longest_piece is None:
+            buf = ctypes.create_string_buffer(256)
+            longest = 1
+            for token in range(self.n_vocab):
+                n = llc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+                longest = max(longest, -n if n < 0 else n)
+            self._longest_piece = longest
+        return -(-n_bytes // self._longest_piece)
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token contributes to the output (special tokens render as nothing)."""
@@ -406,6 +466,16 @@ class Model:
 
     # -- decoding ------------------------------------------------------------------------------------
 
+    def abort(self) -> None:
+        """Stop the decode running now (from any thread) within one graph node, and refuse every
+        later one until `resume()`: they raise DecodeAborted (the CPU backend checks; a GPU decode
+        runs to its end, and the next one is refused)."""
+        self._abort_flag[0] = b"\x01"
+
+    def resume(self) -> None:
+        """Decode again after `abort()`."""
+        self._abort_flag[0] = b"\x00"
+
     def decode(self, tokens: Sequence[int], *, outputs: str = "last") -> np.ndarray:
         """Evaluate `tokens` after what the cache holds and return their logits rows.
 
@@ -416,6 +486,8 @@ class Model:
         n = len(tokens)
         if n == 0:
             raise ValueError("decode needs at least one token")
+        if self._abort_flag.raw[0]:
+            raise DecodeAborted(f"{self.path.name}: decoding was stopped")
         if self.n_past + n > self.n_ctx:
             raise ContextFullError(
                 f"context full: {self.n_past} + {n} tokens exceed the context of {self.n_ctx} (raise --ctx)"
@@ -471,6 +543,8 @@ class Model:
                     llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
                 if rc == 1:
                     raise ContextFullError(f"context full: no KV slot for {m} tokens at position {pos0}")
+                if rc == 2:
+                    raise DecodeAborted(f"{self.path.name}: the decode was stopped")
                 raise LlamaError(f"llama_decode failed with code {rc}")
             if self._hidden is not None:
                 self._record_hidden(pos0, m)

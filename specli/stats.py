@@ -56,20 +56,21 @@ class GenerationStats:
                 self.accepted_by_drafter[event.drafter] += 1
         elif isinstance(event, RoundEvent):
             self.rounds += 1
-            self.drafted += event.k
-            self.accepted += event.accepted
+            judged, kept = event.judged, event.kept
+            self.drafted += judged
+            self.accepted += kept
             self.draft_seconds += event.draft_seconds
             self.verify_seconds += event.verify_seconds
             self.other_seconds += event.other_seconds
             self.k_per_round.append(event.k)
             self.decode_seconds += event.decode_seconds
             self.generation_seconds = event.elapsed_seconds
-            if event.k:
-                self.accepted_per_round[event.accepted] += 1
-                self.rejections += event.accepted < event.k
-                self.first_accepted += event.accepted > 0
-                self.later_examined += later_examined(event.k, event.accepted)
-            slot = self.verify_by_size.setdefault(event.k + 1, [0, 0.0])
+            if judged:
+                self.accepted_per_round[kept] += 1
+                self.rejections += kept < judged
+                self.first_accepted += kept > 0
+                self.later_examined += later_examined(judged, kept)
+            slot = self.verify_by_size.setdefault(event.k + 1, [0, 0.0])  # the batch verified: all k
             slot[0] += 1
             slot[1] += event.verify_seconds
         elif isinstance(event, DoneEvent):

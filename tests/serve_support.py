@@ -23,15 +23,16 @@ STOP_TIMEOUT = 60.0
 class ServerProcess:
     """`specli serve ARGS --host 127.0.0.1 --port 0` with its stderr collected line by line."""
 
-    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None, preexec_fn=None,
+                 host: str = "127.0.0.1") -> None:
         environment = {**os.environ, "XDG_CONFIG_HOME": str(cwd / "xdg"), **(env or {})}
         environment.pop("SPECLI_CONFIG", None)
         if env is None or "SPECLI_API_KEY" not in env:
             environment.pop("SPECLI_API_KEY", None)
         self.proc = subprocess.Popen(
-            [EXE, "serve", *args, "--host", "127.0.0.1", "--port", "0"],
+            [EXE, "serve", *args, "--host", host, "--port", "0"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
-            env=environment,
+            env=environment, preexec_fn=preexec_fn,
         )
         self.lines: list[str] = []
         self._changed = threading.Condition()
@@ -73,7 +74,7 @@ class ServerProcess:
                 self._changed.wait(left)
 
     def ready(self) -> ServerProcess:
-        self.url = self.wait_for(r"listening on (http://127\.0\.0\.1:\d+)").group(1)
+        self.url = self.wait_for(r"listening on (http://\S+:\d+)").group(1)
         self.wait_for(r"ready: ")
         return self
 
@@ -96,6 +97,11 @@ class ServerProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         raise AssertionError("no VmRSS in /proc/PID/status")
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        return host.strip("[]"), int(port)
 
     def client(self, **headers: str) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=httpx.Timeout(120.0), headers=headers)

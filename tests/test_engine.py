@@ -210,3 +210,40 @@ def test_a_batch_padded_to_a_cheaper_size_verifies_as_the_draft_alone(fixture_mo
         # Each padded round was timed as the 24-row batch it ran (the first, the largest yet, is cold).
         assert set(costs.verify) == {1, 2, 23, 24}
         assert any(s != 1.2e-2 for s in costs.verify[24])
+
+
+def test_drafts_past_a_stop_text_count_neither_as_drafted_nor_accepted(fixture_models) -> None:
+    """A round verifies drafts beyond where a stop text ends the reply; they never were part of it, so the
+    figures leave them out (a one-token reply once reported eight accepted drafts). Greedy on F32, the
+    rounds of a run with a stop text are those of the run without it, up to the stop."""
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        tokens, events, full = generate(spec, PROMPT, max_tokens=120, sampling=GREEDY, draft_max=8)
+        origins = [e.origin for e in events if isinstance(e, TokenEvent)]
+        rounds = [e for e in events if isinstance(e, RoundEvent)]
+        # A round with accepted drafts left after its second token: the stop text ends there.
+        start = 0
+        for r in rounds:
+            if r.accepted >= 4:
+                end = start + 2  # the reply ends with the round's second token
+                pieces = [spec.target.detokenize(tokens[:i]) for i in range(end + 1)]
+                # The shortest text ending there that appears nowhere before.
+                found = (pieces[end][len(pieces[i]):] for i in range(start, -1, -1))
+                stop = next((t for t in found if pieces[end].find(t) == len(pieces[end]) - len(t)), "")
+                if stop.strip():
+                    break
+            start += r.emitted
+        else:
+            pytest.skip("no round of this run accepts 4 drafts with a stop text that first appears there")
+        cut = generate(spec, PROMPT, max_tokens=120, sampling=GREEDY, draft_max=8, stop=[stop])[2]
+    assert cut.stats.stop_reason == "stop" and full.text.startswith(cut.text)
+    expected_accepted = sum(o is Origin.ACCEPTED for o in origins[:end])
+    expected_drafted, position = 0, 0
+    for r in rounds:
+        if position >= end:
+            break
+        # A round the reply ends inside counts the drafts up to that point; the others count all of theirs.
+        expected_drafted += r.k if position + r.emitted < end else min(r.k, end - position)
+        position += r.emitted
+    assert cut.stats.accepted == expected_accepted < full.stats.accepted
+    assert cut.stats.drafted == expected_drafted
+    assert cut.stats.accepted <= cut.stats.drafted

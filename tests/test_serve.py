@@ -6,6 +6,7 @@ wait bounded; every server is stopped (killed, if it must be) when its test ends
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -158,6 +159,33 @@ def test_chat_turns_reuse_the_kv_cache(pair_server) -> None:
             assert timings["cache_n"] >= previous.usage.prompt_tokens
         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
         previous = reply
+
+
+def test_cache_prompt_false_evaluates_the_whole_prompt_afresh(pair_server) -> None:
+    """llama-server's `cache_prompt`: false evaluates every prompt token again (on the F32 fixtures the
+    reply is the same either way: their batched and single-token logits are bit-identical)."""
+    client = client_for(pair_server)
+    request = dict(model="m", prompt=PROMPT, max_tokens=12, seed=3, temperature=0.8)
+    warm = client.completions.create(**request)
+    warm = client.completions.create(**request)
+    fresh = client.completions.create(**request, extra_body={"cache_prompt": False})
+    assert warm.model_extra["timings"]["cache_n"] > 0
+    timings = fresh.model_extra["timings"]
+    assert timings["cache_n"] == 0 and timings["prompt_n"] == fresh.usage.prompt_tokens
+    assert fresh.choices[0].text == warm.choices[0].text
+
+
+def test_an_ipv6_address_in_brackets_is_listened_on(fixture_models, tmp_path) -> None:
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with ServerProcess("--target", str(fixture_models.target), "--no-draft", "-t", "1", cwd=tmp_path,
+                       host="[::1]") as server:
+        server.ready()
+        assert server.url.startswith("http://[::1]:")
+        assert server.client().get("/v1/models").status_code == 200
+        assert server.stop() == 0
 
 
 def test_speculative_p_min_is_per_request(pair_server) -> None:
@@ -318,6 +346,33 @@ BAD_REQUESTS = [
     ("a conversation longer than the context", "POST", "/v1/chat/completions", {"messages": [
         {"role": "user", "content": "Once upon a time " * 4000}]}, 400, "context_length_exceeded",
      "messages"),
+    # Lone surrogates (JSON escapes of half a character) anywhere: in a prompt, a message, a stop, a role.
+    ("a lone surrogate in a prompt", "POST", "/v1/completions", b'{"prompt": "a\\ud800b"}', 400,
+     "invalid_value", "prompt"),
+    ("a lone surrogate in a message", "POST", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "x\\udfffy"}]}', 400, "invalid_value",
+     "messages[0].content"),
+    ("a lone surrogate in stop", "POST", "/v1/completions", b'{"prompt": "a", "stop": ["\\ud800"]}', 400,
+     "invalid_value", "stop[0]"),
+    ("a lone surrogate in a role", "POST", "/v1/chat/completions",
+     b'{"messages": [{"role": "us\\ud800er", "content": "hi"}]}', 400, "invalid_value", "messages[0].role"),
+    # Every length field is checked, not only the one that applies.
+    ("a weaker length field that is wrong", "POST", "/v1/chat/completions",
+     {**CHAT, "max_completion_tokens": 3, "max_tokens": "abc"}, 400, "invalid_value", "max_tokens"),
+    ("a negative weaker length", "POST", "/v1/completions",
+     {"prompt": PROMPT, "n_predict": 3, "max_tokens": -5}, 400, "invalid_value", "max_tokens"),
+    ("speculative not an object", "POST", "/v1/completions", {"prompt": PROMPT, "speculative": 5}, 400,
+     "invalid_type", "speculative"),
+    ("best_of a boolean", "POST", "/v1/completions", {"prompt": PROMPT, "best_of": True}, 400,
+     "unsupported_value", "best_of"),
+    ("UTF-16", "POST", "/v1/completions", json.dumps({"prompt": PROMPT}).encode("utf-16-le"), 400,
+     "invalid_json", None),
+    ("UTF-32 with its mark", "POST", "/v1/completions", json.dumps({"prompt": PROMPT}).encode("utf-32"), 400,
+     "invalid_json", None),
+    ("a byte order mark", "POST", "/v1/completions",
+     b"\xef\xbb\xbf" + json.dumps({"prompt": PROMPT}).encode(), 400, "invalid_json", None),
+    ("cache_prompt not a boolean", "POST", "/v1/completions", {"prompt": PROMPT, "cache_prompt": "no"}, 400,
+     "invalid_type", "cache_prompt"),
     ("an unknown route", "POST", "/v1/nothing", {}, 404, "unknown_url", None),
     ("a wrong method", "GET", "/v1/chat/completions", None, 405, "method_not_allowed", None),
     ("a wrong method on the models", "DELETE", "/v1/models", None, 405, "method_not_allowed", None),
@@ -330,7 +385,8 @@ def test_bad_requests_get_openais_error_shape(pair_server, what, method, path, b
                                               param) -> None:
     with pair_server.client() as http:
         content = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
-        response = http.request(method, path, content=content)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        response = http.request(method, path, content=content, headers=headers)
         assert response.status_code == status, response.text
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -344,7 +400,7 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(pair_server) -> None:
     """Declared too big: answered at once (a raw socket, so the client sends only the headers)."""
     host, port = pair_server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=60) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100000000\r\n\r\n{\"prompt\": \"")
         response = b""
         while b"\r\n\r\n" not in response or not response.rstrip().endswith(b"}"):
@@ -363,7 +419,7 @@ def test_errors_keep_the_server_serving(pair_server) -> None:
     with pair_server.client() as http:
         for _, method, path, body, *_ in BAD_REQUESTS:
             http.request(method, path, content=body if isinstance(body, bytes) or body is None
-                         else json.dumps(body).encode())
+                         else json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         reply = http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 6})
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 6
 
@@ -427,7 +483,7 @@ def test_health_is_503_while_the_models_load(fixture_models) -> None:
         return specli.load(fixture_models.target, n_ctx=256, n_threads=1)
 
     service = Service(defaults_for("serve"), ServeOptions("tiny"), load, log=lambda line: None)
-    with TestClient(create_app(service)) as http:
+    with TestClient(create_app(service), base_url="http://127.0.0.1") as http:
         service.worker.start()
         try:
             loading = http.get("/health")
@@ -481,11 +537,25 @@ def test_models_that_cannot_load_are_a_one_line_error(fixture_models, tmp_path) 
     (("--port", "70000"), "--port"),
     (("--queue", "-1"), "--queue"),
     (("--alias", " "), "--alias"),
-], ids=["no target", "temp", "k", "port", "queue", "alias"])
+    # API keys no client could send (or that silently mean none): refused before anything loads.
+    (("--api-key", "clé-ключ"), "printable ASCII"),
+    (("--api-key", " spaced "), "space"),
+    (("--api-key", ""), "empty"),
+    (("--allow-origin", "evil"), "--allow-origin"),
+    (("--read-timeout", "0"), "--read-timeout"),
+], ids=["no target", "temp", "k", "port", "queue", "alias", "non-ASCII key", "spaced key", "empty key",
+        "bad origin", "read timeout"])
 def test_usage_errors_exit_2(fixture_models, tmp_path, args, fragment) -> None:
     target = ("--target", str(fixture_models.target)) if args else ()
     port = () if "--port" in args else ("--port", "0")
     _one_line_error(_serve(*target, *args, "--host", "127.0.0.1", *port, cwd=tmp_path), 2, fragment)
+
+
+def test_an_empty_api_key_variable_is_an_error_not_an_open_server(fixture_models, tmp_path) -> None:
+    command = [EXE, "serve", "--target", str(fixture_models.target), "--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "SPECLI_API_KEY": ""})
+    _one_line_error(proc, 2, "SPECLI_API_KEY")
 
 
 def test_listening_beyond_loopback_warns() -> None:

@@ -66,10 +66,11 @@ class ChatFormat:
         """The conversation with the assistant's turn opened; ChatTemplateError when it cannot render."""
         return self.template.render(messages, add_generation_prompt=True)
 
-    def tokenize(self, text: str) -> list[int]:
-        """Tokens of a rendered prompt: BOS added only if the template did not write it already."""
+    def tokenize(self, text: str, *, fit: int | None = None) -> list[int]:
+        """Tokens of a rendered prompt: BOS added only if the template did not write it already.
+        fit: PromptTooLong if they cannot fit a context of that many tokens (Model.tokenize)."""
         add_special = not self.template.starts_with_bos(text)
-        tokens = self.model.tokenize(text, add_special=add_special, parse_special=True)
+        tokens = self.model.tokenize(text, add_special=add_special, parse_special=True, fit=fit)
         vocab = self.model.vocab_info()
         if add_special and vocab.add_eos and tokens and tokens[-1] == vocab.eos:
             tokens.pop()  # an EOS after the generation prompt would end the reply before it starts

@@ -10,25 +10,31 @@ OpenAI's error shape with its status; nothing a request sends stops the server o
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import hmac
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specli.chat.prompt import ChatFormat
 from specli.chat_template import ChatTemplateError
 from specli.drafters.registry import colour_of
+from specli.llama import PromptTooLong
+from specli.serve.connections import HEAD_SECONDS
+from specli.serve.origins import Admission, AdmissionMiddleware
 from specli.serve.protocol import (
     CHAT,
     MAX_BODY_BYTES,
@@ -64,6 +70,11 @@ STATIC = Path(__file__).parent / "static"
 KEEPALIVE_SECONDS = 10.0  # an SSE comment while a reply waits (queue, long prompt): proxies keep the line
 RETRY_AFTER_SECONDS = 2
 START_TIME = time.time()
+BODY_SECONDS_PER_TIMEOUT = 6  # a body must arrive within this many read timeouts in all (60 s by default)
+PREPARING_AT_ONCE = 2  # prompts rendered and tokenized at the same time (each may hold a large text)
+PARSE_OFF_LOOP_BYTES = 64 * 1024  # bodies parsed in a thread from this size on (the loop keeps answering)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,10 @@ class ServeOptions:
     alias: str  # the model's id in /v1/models and in responses
     api_key: str | None = None
     max_waiting: int = 8  # requests that may wait while one generates
+    read_timeout: float = HEAD_SECONDS  # seconds for a request's head, and between parts of its body
+    host: str = "127.0.0.1"  # the address listened on: its name is a Host the server answers
+    allow_hosts: tuple[str, ...] = ()  # more names it answers for ("*": any)
+    allow_origins: tuple[str, ...] = ()  # web pages (origins) that may call it, with CORS headers
 
 
 class Service:
@@ -86,9 +101,39 @@ class Service:
         self.load_error: BaseException | None = None
         self.on_ready: Callable[[Speculator], None] = lambda spec: None
         self.on_failed: Callable[[BaseException], None] = lambda error: None
-        self.served = 0
+        self.served = 0  # generations that ran (not those that left the queue before their turn)
         self.worker = GenerationWorker(load, max_waiting=options.max_waiting,
                                        on_ready=self._ready, on_failed=self._failed)
+        self._stopping = asyncio.Event()  # set on the loop when the server begins to stop
+        self._preparing = asyncio.Semaphore(PREPARING_AT_ONCE)
+        self._large_bodies = 0  # requests with a large body still being answered
+
+    async def large_body_done(self) -> None:
+        """A request with a large body has been answered; when it was the last one, hand the memory
+        its copies took back to the system (eight huge prompts at once otherwise left ~200 MB behind)."""
+        self._large_bodies -= 1
+        if self._large_bodies == 0:
+            await asyncio.to_thread(release_free_memory)
+
+    def begin_stopping(self) -> None:
+        """From the event loop: requests still being read or prepared get 503 now, and the worker ends
+        the running and waiting jobs."""
+        self._stopping.set()
+        self.worker.stop()
+
+    async def unless_stopping(self, work: Awaitable[T]) -> T:
+        """`work`'s result, or a 503 once the server begins to stop (a request that is still arriving
+        or being tokenized is not worth the shutdown's wait)."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise ApiError(503, "the server is stopping", type="server_error", code="unavailable")
 
     def _ready(self, spec: Speculator) -> None:
         self.chat_format = ChatFormat.for_model(spec.target)
@@ -108,6 +153,15 @@ class Service:
             raise ApiError(503, "the server is stopping", type="server_error", code="unavailable")
         return spec
 
+    def tokens_for(self, text: str, where: str) -> list[int]:
+        """A text prompt's tokens, refused (400) when they cannot fit the context: from the text's
+        length alone where that shows it, without ever building the list of a huge prompt."""
+        spec = self.spec
+        try:
+            return spec.target.tokenize(text, fit=spec.target.n_ctx)
+        except PromptTooLong as e:
+            raise _too_long(e, where) from None
+
     def authorize(self, request: Request) -> None:
         key = self.options.api_key
         if key is None:
@@ -124,38 +178,48 @@ class Service:
         ends a turn). Runs in a thread: templates and tokenizers take their time on long prompts."""
         spec = self.spec
         settings = request.settings
+        n_ctx = spec.target.n_ctx
         if request.kind == CHAT:
             chat = self.chat_format
             assert chat is not None and request.messages is not None
             try:
                 text = chat.render(request.messages)
+                tokens = chat.tokenize(text, fit=n_ctx)
             except ChatTemplateError as e:
                 raise bad_request(f"the model's chat template cannot render these messages: {e}",
                                   "messages") from None
-            tokens, settings, where = chat.tokenize(text), chat.reply_settings(settings), "messages"
+            except PromptTooLong as e:
+                raise _too_long(e, "messages") from None
+            settings = chat.reply_settings(settings)
         elif isinstance(request.prompt, str):
-            tokens, where = spec.tokenize(request.prompt), "prompt"
+            tokens = self.tokens_for(request.prompt, "prompt")
         else:
-            tokens, where = list(request.prompt or []), "prompt"
+            tokens = list(request.prompt or [])
             n_vocab = spec.target.n_vocab
             if (bad := next((t for t in tokens if not 0 <= t < n_vocab), None)) is not None:
                 raise bad_request(f"prompt: token id {bad} is not in the vocabulary (0 to {n_vocab - 1})",
                                   "prompt")
-        n_ctx = spec.target.n_ctx
-        if len(tokens) >= n_ctx:
-            raise ApiError(400, f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: shorten "
-                           "it, or start the server with a larger -c", code="context_length_exceeded",
-                           param=where)
+            if len(tokens) > n_ctx:
+                raise _too_long(PromptTooLong(len(tokens), n_ctx), "prompt")
         return tokens, settings
 
     async def complete(self, request: Request, kind: str) -> Response:
         self.authorize(request)
         spec = self.spec
-        body = parse_json(await read_body(request))
+        require_json(request)
+        raw = await self.unless_stopping(read_body(request, self.options.read_timeout))
+        big = len(raw) >= PARSE_OFF_LOOP_BYTES
+        if big:
+            request.state.large_body = True
+            self._large_bodies += 1
+        body = await asyncio.to_thread(parse_json, raw) if big else parse_json(raw)
         completion = parse_completion_request(body, kind, self.defaults)
-        tokens, settings = await asyncio.to_thread(self.prepare, completion)
+        del raw, body  # a large prompt is held once, as the request's text
+        async with self._preparing:
+            tokens, settings = await self.unless_stopping(asyncio.to_thread(self.prepare, completion))
         reply = Reply(kind, self.options.alias, spec.drafter.name if spec.drafter else None)
-        job = Job(reply.id, tokens, settings.generation_params(), settings.draft_p_min)
+        job = Job(reply.id, tokens, settings.generation_params(), settings.draft_p_min,
+                  fresh=not completion.cache_prompt)
         try:
             self.worker.submit(job)
         except QueueFull:
@@ -183,8 +247,8 @@ class Service:
                                    code="generation_failed")
                 if isinstance(item, Finished):
                     self._log(job, item)
-                    if item.cut_short == SHUTDOWN and not item.stats.n_prompt:
-                        raise ApiError(503, "the server is stopping", type="server_error", code="unavailable")
+                    if item.cut_short == SHUTDOWN:
+                        raise _cut_by_shutdown(item)
                     return item
         finally:
             watcher.cancel()
@@ -211,9 +275,10 @@ class Service:
                                                    type="server_error", code="generation_failed")))
                 else:
                     self._log(job, item)
-                    if item.cut_short == SHUTDOWN and not item.stats.n_prompt:
-                        yield sse(error_chunk(ApiError(503, "the server is stopping", type="server_error",
-                                                       code="unavailable")))
+                    if item.cut_short == SHUTDOWN:
+                        # The text so far was sent; the figures of what it cost go with the error.
+                        figures = reply.figures(item.stats) if item.stats.n_prompt else {}
+                        yield sse({**error_chunk(_cut_by_shutdown(item)), **figures})
                     else:
                         for chunk in reply.final_chunks(item.stats, include_usage):
                             yield sse(chunk)
@@ -223,10 +288,13 @@ class Service:
             job.close()
 
     def _log(self, job: Job, item: Finished) -> None:
-        self.served += 1
         s = item.stats
-        if not s.n_prompt:
+        if not item.ran:
             self.log(f"{job.id}: {item.cut_short} before it started")
+            return
+        self.served += 1
+        if not s.n_prompt:
+            self.log(f"{job.id}: {item.cut_short} while its prompt of {len(job.tokens)} tokens was evaluated")
             return
         rate = s.tokens_per_second
         parts = [f"{job.id}: prompt {s.n_prompt} ({s.n_prompt - s.n_prompt_evaluated} cached)",
@@ -293,8 +361,43 @@ class Service:
 
 
 
-async def read_body(request: Request) -> bytes:
-    """The body, refused (413) past MAX_BODY_BYTES before more of it is read."""
+def release_free_memory() -> None:
+    """Collect the reference cycles that still hold a large request's texts (its exception's frames,
+    the connection's buffers), then return the free memory of every arena to the system (glibc's
+    malloc_trim; elsewhere only the collection)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
+def _too_long(error: PromptTooLong, where: str) -> ApiError:
+    return ApiError(400, f"{error}: shorten it, or start the server with a larger -c",
+                    code="context_length_exceeded", param=where)
+
+
+def _cut_by_shutdown(item: Finished) -> ApiError:
+    if not item.stats.n_prompt:
+        return ApiError(503, "the server is stopping", type="server_error", code="unavailable")
+    return ApiError(503, f"the server stopped during this reply: it is incomplete ({item.stats.n_generated} "
+                    "tokens)", type="server_error", code="server_stopped")
+
+
+def require_json(request: Request) -> None:
+    """A completion's body must say it is JSON: a web page can send text/plain or a form to any
+    address without asking first (no CORS preflight), but not application/json."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "application/json":
+        shown = kind if len(kind) <= 60 else kind[:57] + "..."
+        raise ApiError(415, f"the request body must be JSON sent with Content-Type: application/json "
+                       f"(got {shown or 'no Content-Type'})", code="unsupported_media_type")
+
+
+async def read_body(request: Request, timeout: float) -> bytes:
+    """The body, refused (413) past MAX_BODY_BYTES before more of it is read, and (408) when a part of
+    it takes more than `timeout` seconds to come, or all of it more than BODY_SECONDS_PER_TIMEOUT of
+    them (a client that stops short of its Content-Length holds the connection no longer)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -303,8 +406,20 @@ async def read_body(request: Request) -> bytes:
             raise ApiError(400, "the Content-Length header is not a number", code="invalid_header") from None
         if too_big:
             raise _too_large()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout * BODY_SECONDS_PER_TIMEOUT
     chunks, size = [], 0
-    async for chunk in request.stream():
+    parts = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(parts.__anext__(), max(0.0, min(timeout, deadline - loop.time())))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive in time ({size} bytes came; a part must "
+                           f"come within {timeout:g} s, all of it within "
+                           f"{timeout * BODY_SECONDS_PER_TIMEOUT:g} s)", code="request_timeout",
+                           headers={"Connection": "close"}) from None
         size += len(chunk)
         if size > MAX_BODY_BYTES:
             raise _too_large()
@@ -356,19 +471,24 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), error.status, headers=error.headers)
 
 
-def _endpoint(handler: Callable[[Request], Awaitable[Response]], log: Callable[[str], None]) -> Callable:
+def _endpoint(handler: Callable[[Request], Awaitable[Response]], service: Service) -> Callable:
     """A route's handler whose failures are answers: an ApiError its status and shape, anything else a
     500 (and one log line); the server goes on either way."""
 
     async def endpoint(request: Request) -> Response:
         try:
-            return await handler(request)
+            response = await handler(request)
         except ApiError as e:
-            return error_response(e)
+            response = error_response(e)
+        except ClientDisconnect:  # gone while its body was read: no one to answer
+            response = Response(status_code=400)
         except Exception as e:  # noqa: BLE001 - a bug must not take the server down
-            log(f"internal error on {request.method} {request.url.path}: {type(e).__name__}: {e}")
-            return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}",
-                                           type="server_error", code="internal_error"))
+            service.log(f"internal error on {request.method} {request.url.path}: {type(e).__name__}: {e}")
+            response = error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}",
+                                               type="server_error", code="internal_error"))
+        if getattr(request.state, "large_body", False):  # its texts are gone now: give the memory back
+            await service.large_body_done()
+        return response
 
     return endpoint
 
@@ -377,12 +497,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     """Starlette's routing errors (no such route, a wrong method) in OpenAI's shape."""
     assert isinstance(exc, HTTPException)
     headers = dict(exc.headers or {})
-    where = f"{request.method} {request.url.path}"
+    path = request.url.path if len(request.url.path) <= 100 else request.url.path[:97] + "..."
     if exc.status_code == 404:
-        error = ApiError(404, f"unknown route: {where}", code="unknown_url")
+        error = ApiError(404, f"unknown route: {request.method} {path}", code="unknown_url")
     elif exc.status_code == 405:
         allowed = headers.get("Allow", headers.get("allow", "?"))
-        error = ApiError(405, f"{request.method} is not allowed on {request.url.path} (allowed: {allowed})",
+        error = ApiError(405, f"{request.method} is not allowed on {path} (allowed: {allowed})",
                          code="method_not_allowed")
     else:
         error = ApiError(exc.status_code, str(exc.detail), code=None)
@@ -390,9 +510,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(error)
 
 
-def create_app(service: Service) -> Starlette:
+def create_app(service: Service) -> ASGIApp:
     def route(path: str, handler: Callable[[Request], Awaitable[Response]], method: str) -> Route:
-        return Route(path, _endpoint(handler, service.log), methods=[method])
+        return Route(path, _endpoint(handler, service), methods=[method])
 
     async def chat(request: Request) -> Response:
         return await service.complete(request, CHAT)
@@ -410,4 +530,26 @@ def create_app(service: Service) -> Starlette:
         route("/specli/cancel/{job_id}", service.cancel, "POST"),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    # A trailing slash is served as if it were not there (no redirect, whose Location would be built
+    # from the request's Host header).
+    app.router.redirect_slashes = False
+    options = service.options
+    served: ASGIApp = _without_trailing_slash(app)
+    if options.allow_origins:
+        served = CORSMiddleware(served, allow_origins=list(options.allow_origins),
+                                allow_methods=["GET", "POST"], max_age=600,
+                                allow_headers=["Authorization", "Content-Type"])
+    admission = Admission.make(options.host, options.allow_hosts, options.allow_origins)
+    return AdmissionMiddleware(served, admission, lambda status, message, code: error_response(
+        ApiError(status, message, code=code)))
+
+
+def _without_trailing_slash(app: ASGIApp) -> ASGIApp:
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path.rstrip("/") or "/"}
+        await app(scope, receive, send)
+
+    return route

@@ -70,17 +70,55 @@ class CompletionRequest:
     include_usage: bool
     messages: list[dict[str, str]] | None = None
     prompt: str | list[int] | None = None
+    cache_prompt: bool = True  # llama-server's field: False evaluates the whole prompt afresh
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """A request body: a JSON object in UTF-8 (RFC 8259: no other encoding, no byte order mark) whose
+    texts are all valid Unicode (JSON's escapes can write a lone surrogate, which no text can hold)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"the request body is not UTF-8 (byte {e.start}): send JSON in UTF-8",
+                       code="invalid_json") from None
+    if text.startswith("\ufeff"):
+        raise ApiError(400, "the request body starts with a byte order mark: send JSON in UTF-8 without one",
+                       code="invalid_json")
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        message = str(e) if len(str(e)) <= 120 else str(e)[:117] + "..."
+        raise ApiError(400, f"the request body is not valid JSON: {message}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {_json_type(body)}",
                        code="invalid_json")
+    where = _lone_surrogate(body)
+    if where is not None:
+        raise bad_request(f"{where or 'a field name'} holds a lone surrogate (an escape such as \\ud800 "
+                          "that is half of a character): it is not text", where or None)
     return body
+
+
+def _lone_surrogate(body: dict[str, Any]) -> str | None:
+    """The path of the first text (or field name: "") holding a lone surrogate, None if none does."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError:
+                    return ""
+                stack.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return None
 
 
 def parse_completion_request(body: Mapping[str, Any], kind: str, defaults: RunSettings) -> CompletionRequest:
@@ -92,28 +130,37 @@ def parse_completion_request(body: Mapping[str, Any], kind: str, defaults: RunSe
         raise bad_request(f"stream_options must be an object, not {_json_type(options)}", "stream_options",
                           "invalid_type")
     include_usage = _optional_bool(options or {}, "include_usage", "stream_options.include_usage")
+    cache_prompt = _optional_bool(body, "cache_prompt", default=True)
     settings = request_settings(body, defaults)
     if kind == CHAT:
-        return CompletionRequest(kind, settings, stream, include_usage, messages=parse_messages(body))
-    return CompletionRequest(kind, settings, stream, include_usage, prompt=parse_prompt(body))
+        return CompletionRequest(kind, settings, stream, include_usage, messages=parse_messages(body),
+                                 cache_prompt=cache_prompt)
+    return CompletionRequest(kind, settings, stream, include_usage, prompt=parse_prompt(body),
+                             cache_prompt=cache_prompt)
 
 
 def request_settings(body: Mapping[str, Any], defaults: RunSettings) -> RunSettings:
     """`defaults` with the request's setting fields applied (specli.settings.REQUEST: checked as flags
     are, an error names the field as the request spells it)."""
+    for outer in {field.split(".", 1)[0] for field in REQUEST_FIELDS if "." in field}:
+        if outer in body and body[outer] is not None and not isinstance(body[outer], dict):
+            raise bad_request(f"{outer} must be an object such as {{\"n_max\": 4}}, not {_show(body[outer])}",
+                              outer, "invalid_type")
     raw: dict[str, Any] = {}
     for field, name in REQUEST_FIELDS.items():
         if name != "max_tokens":
             raw[name] = _field(body, field)
     try:
         settings = defaults.merged(parse_updates(raw, REQUEST))
+        # Every length field given is checked, the strongest one applies.
+        lengths = []
         for field in LENGTH_FIELDS:
             value = body.get(field)
             if value is None or (field == "n_predict" and value == -1):  # llama-server's -1: no limit
                 continue
             source = replace(REQUEST, spellings={**REQUEST.spellings, "max_tokens": field})
-            return settings.merged(parse_updates({"max_tokens": value}, source))
-        return settings
+            lengths.append(parse_updates({"max_tokens": value}, source))
+        return settings.merged(lengths[0]) if lengths else settings
     except SettingError as e:
         raise bad_request(str(e), e.option) from None
 
@@ -127,10 +174,11 @@ def _field(body: Mapping[str, Any], field: str) -> Any:
     return nested.get(inner) if isinstance(nested, dict) else None
 
 
-def _optional_bool(body: Mapping[str, Any], field: str, name: str | None = None) -> bool:
+def _optional_bool(body: Mapping[str, Any], field: str, name: str | None = None, *,
+                   default: bool = False) -> bool:
     value = body.get(field)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise bad_request(f"{name or field} must be true or false, not {_show(value)}", name or field,
                           "invalid_type")
@@ -152,7 +200,7 @@ def _refuse_unsupported(body: Mapping[str, Any], kind: str) -> None:
         if body.get("suffix") not in (None, ""):
             raise bad_request("suffix is not supported by this server", "suffix", "unsupported_parameter")
         best_of = body.get("best_of")
-        if best_of is not None and best_of != 1:
+        if best_of is not None and (isinstance(best_of, bool) or best_of != 1):
             raise bad_request(f"best_of must be 1, got {_show(best_of)}", "best_of", "unsupported_value")
 
 
@@ -317,12 +365,15 @@ class Reply:
         choice["finish_reason"] = finish
         return choice
 
+    def figures(self, stats: GenerationStats) -> dict[str, Any]:
+        """llama-server's timings and specli's own figures."""
+        return {"timings": timings(stats), "speculation": speculation(stats, self.drafter)}
+
     def response(self, text: str, stats: GenerationStats) -> dict[str, Any]:
         """The non-streamed body: the text, usage, timings, and specli's figures."""
         return {**self._envelope(False),
                 "choices": [self._choice(text, finish_reason(stats.stop_reason), chunk=False)],
-                "usage": usage(stats), "timings": timings(stats),
-                "speculation": speculation(stats, self.drafter)}
+                "usage": usage(stats), **self.figures(stats)}
 
     def first_chunk(self) -> dict[str, Any] | None:
         """The chat stream's opening chunk (the assistant's role, no text yet); none for text completions."""
@@ -338,7 +389,7 @@ class Reply:
     def final_chunks(self, stats: GenerationStats, include_usage: bool) -> list[dict[str, Any]]:
         """The stream's end: the finish_reason chunk, then with include_usage a usage chunk with no
         choices; the last of them carries the timings (as llama-server) and specli's figures."""
-        figures = {"timings": timings(stats), "speculation": speculation(stats, self.drafter)}
+        figures = self.figures(stats)
         last = {**self._envelope(True), "choices": [
             self._choice(None if self.kind == CHAT else "", finish_reason(stats.stop_reason), chunk=True)]}
         if not include_usage:

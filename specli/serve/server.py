@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
+import os
 import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
@@ -22,6 +25,14 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from specli.serve.app import ServeOptions, Service, create_app
+from specli.serve.connections import (
+    BACKLOG,
+    KERNEL_BACKLOG,
+    ConnectionGuard,
+    connection_cap,
+    protocol_class,
+    raise_descriptor_limit,
+)
 
 if TYPE_CHECKING:
     from specli.api import Speculator
@@ -42,7 +53,10 @@ class Listener:
 
 
 def listen(host: str, port: int) -> Listener:
-    """A listening TCP socket on host:port (port 0: one the system picks)."""
+    """A listening TCP socket on host:port (port 0: one the system picks); an IPv6 address may come
+    in brackets, as URLs write it ([::1])."""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as e:
@@ -51,7 +65,7 @@ def listen(host: str, port: int) -> Listener:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)  # now: connections made before uvicorn starts wait in the backlog
+        sock.listen(KERNEL_BACKLOG)  # now: connections made before uvicorn starts wait in the backlog
     except OSError as e:
         sock.close()
         raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
@@ -88,9 +102,68 @@ class _Server(uvicorn.Server):
             self.force_exit = True  # a second Ctrl-C: stop waiting for connections
         self.should_exit = True
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for sock in sockets or []:  # asyncio listened with its burst size (BACKLOG); the kernel queues more
+            sock.listen(KERNEL_BACKLOG)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.service.worker.stop()  # the running and waiting jobs end now; their streams close
+        self.service.begin_stopping()  # the running and waiting jobs end now; their streams close
         await super().shutdown(sockets)
+
+
+class OneLineLog(logging.Handler):
+    """uvicorn's and asyncio's log records as one line each on stderr, without tracebacks (unless
+    SPECLI_DEBUG is set), and the same message at most once per QUIET_SECONDS (a flood of one error,
+    e.g. from a client that misbehaves in a loop, is one line and a count)."""
+
+    QUIET_SECONDS = 10.0
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self.say = say
+        self.debug = bool(os.environ.get("SPECLI_DEBUG"))
+        self.last: dict[str, tuple[float, int]] = {}  # message -> (when it was last shown, repeats since)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage().strip()
+            message = text.splitlines()[0] if text else ""
+            if record.exc_info and record.exc_info[1] is not None:
+                error = record.exc_info[1]
+                message = f"{message} ({type(error).__name__}: {error})" if str(error) else \
+                    f"{message} ({type(error).__name__})"
+            now = time.monotonic()
+            shown, repeats = self.last.get(message, (-self.QUIET_SECONDS, 0))
+            if now - shown < self.QUIET_SECONDS:
+                self.last[message] = (shown, repeats + 1)
+                return
+            if len(self.last) > 256:
+                self.last.clear()
+            self.last[message] = (now, 0)
+            self.say(f"{record.name}: {message}" + (f" (and {repeats} more like it)" if repeats else ""))
+            if self.debug and record.exc_info:
+                import traceback
+
+                traceback.print_exception(*record.exc_info, file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            pass
+
+
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    """Route the uvicorn and asyncio loggers through OneLineLog while the server runs."""
+    handler = OneLineLog(say)
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "uvicorn", "asyncio")]
+    saved = [(lg.handlers[:], lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = [handler]
+        lg.propagate = False
+    try:
+        yield
+    finally:
+        for lg, (handlers, propagate) in zip(loggers, saved, strict=True):
+            lg.handlers, lg.propagate = handlers, propagate
 
 
 def say(line: str) -> None:
@@ -104,9 +177,12 @@ def serve(plan: Plan, settings: RunSettings, options: ServeOptions, *, host: str
     listener = listen(host, port)
     service = Service(settings, options, load)
     app = create_app(service)
+    # Every idle connection holds a file descriptor: a thousand of them must not reach the limit.
+    guard = ConnectionGuard(max_open=connection_cap(raise_descriptor_limit()),
+                            head_seconds=options.read_timeout, log=say)
     config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off",
-                            http="h11", ws="none", loop="asyncio", timeout_graceful_shutdown=GRACEFUL_SECONDS,
-                            timeout_keep_alive=5)
+                            http=protocol_class(guard), ws="none", loop="asyncio",
+                            timeout_graceful_shutdown=GRACEFUL_SECONDS, timeout_keep_alive=5, backlog=BACKLOG)
     server = _Server(config, service)
     url = listener.url
     what = plan.target.name + (f" + {getattr(plan.draft, 'name', plan.draft)}" if plan.draft else "")
@@ -132,7 +208,8 @@ def serve(plan: Plan, settings: RunSettings, options: ServeOptions, *, host: str
     try:
         say(f"listening on {url} (loading {what})")
         service.worker.start()
-        server.run(sockets=[listener.sock])
+        with quiet_logs():
+            server.run(sockets=[listener.sock])
     finally:
         # uvicorn has returned: no request is being prepared any more, so the models can go.
         stopped = service.worker.close(timeout=60)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specli.events import RoundEvent, TokenEvent
+from specli.llama import DecodeAborted
 from specli.stats import GenerationStats
 
 if TYPE_CHECKING:
@@ -41,12 +42,14 @@ class NotAccepting(Exception):
 
 @dataclass
 class Finished:
-    """A job's end: the generation's stats and text (empty when it never started), and why it was cut
-    short (None: it ended by itself: end of text, a stop text, the length or the context)."""
+    """A job's end: the generation's stats and text (empty when it never started), why it was cut
+    short (None: it ended by itself: end of text, a stop text, the length or the context), and whether
+    it ran at all (False: it left the queue before its turn)."""
 
     stats: GenerationStats
     text: str
     cut_short: str | None = None
+    ran: bool = True
 
 
 @dataclass
@@ -63,11 +66,13 @@ class Job:
     """One generation asked for by one request. The worker thread delivers its items (a round's
     released tokens, then one Finished or Failed) to the asyncio loop the job was made on."""
 
-    def __init__(self, job_id: str, tokens: list[int], params: GenerationParams, draft_p_min: float) -> None:
+    def __init__(self, job_id: str, tokens: list[int], params: GenerationParams, draft_p_min: float,
+                 *, fresh: bool = False) -> None:
         self.id = job_id
         self.tokens = tokens
         self.params = params
         self.draft_p_min = draft_p_min
+        self.fresh = fresh  # evaluate the whole prompt, not reusing the cache (cache_prompt: false)
         self._loop = asyncio.get_running_loop()
         self._items: asyncio.Queue[JobItem] = asyncio.Queue()
         self._getter: asyncio.Future[JobItem] | None = None  # a get() that outlived a timeout
@@ -75,8 +80,12 @@ class Job:
         self.cancel_reason: str | None = None
 
     def deliver(self, item: JobItem) -> None:
-        """From the worker thread: hand an item to the loop (never blocks the generation)."""
-        self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        """From the worker thread: hand an item to the loop (never blocks the generation). A loop that
+        has closed (the server stopped before the job ended) has no one left to read it."""
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:
+            pass
 
     async def next_item(self, timeout: float | None = None) -> JobItem | None:
         """The next item, or None after `timeout` seconds without one (then the next call gets it: the
@@ -143,7 +152,9 @@ class GenerationWorker:
                 job.cancel_reason = reason
             if job in self._waiting:
                 self._waiting.remove(job)
-                job.deliver(Finished(GenerationStats(stop_reason="interrupted"), "", reason))
+                job.deliver(Finished(GenerationStats(stop_reason="interrupted"), "", reason, ran=False))
+            elif job is self.running and self.spec is not None:
+                self.spec.abort()  # a long prompt's evaluation stops within a graph node, not at its end
 
     def find(self, job_id: str) -> Job | None:
         """The running or waiting job with this id."""
@@ -160,10 +171,14 @@ class GenerationWorker:
             self._stopping = True
             for job in self._waiting:
                 job.cancel_reason = job.cancel_reason or SHUTDOWN
-                job.deliver(Finished(GenerationStats(stop_reason="interrupted"), "", job.cancel_reason))
+                job.deliver(Finished(GenerationStats(stop_reason="interrupted"), "", job.cancel_reason,
+                                     ran=False))
             self._waiting.clear()
-            if self.running is not None and self.running.cancel_reason is None:
-                self.running.cancel_reason = SHUTDOWN
+            if self.running is not None:
+                if self.running.cancel_reason is None:
+                    self.running.cancel_reason = SHUTDOWN
+                if self.spec is not None:
+                    self.spec.abort()
             self._changed.notify()
 
     def join(self, timeout: float | None = None) -> bool:
@@ -197,7 +212,10 @@ class GenerationWorker:
             return
         with self._lock:
             self.spec = spec  # from here on close() frees it, whatever happens below
+            stopped_while_loading = self._stopping
         try:
+            if stopped_while_loading:  # a stop signal during the load: never "ready"
+                return
             self._on_ready(spec)
             with self._lock:
                 self.state = READY
@@ -208,6 +226,7 @@ class GenerationWorker:
                     if not self._waiting:
                         break
                     job = self.running = self._waiting.popleft()
+                    spec.resume()  # an abort() was for the job before (cancel and stop take this lock)
                 try:
                     self._run(spec, job)
                 finally:
@@ -219,24 +238,32 @@ class GenerationWorker:
 
     def _run(self, spec: Speculator, job: Job) -> None:
         if job.cancel_reason is not None:  # cancelled between leaving the queue and starting
-            job.deliver(Finished(GenerationStats(stop_reason="interrupted"), "", job.cancel_reason))
+            job.deliver(Finished(GenerationStats(stop_reason="interrupted"), "", job.cancel_reason,
+                                 ran=False))
             return
         try:
             if spec.drafter is not None:
                 spec.drafter.set_p_min(job.draft_p_min)
+            if job.fresh:
+                spec.engine.reset()
             generation = spec.generate(job.tokens, job.params)
             released: list[TokenEvent] = []
             cut_short = None
-            for event in generation:
-                if isinstance(event, TokenEvent):
-                    released.append(event)
-                elif isinstance(event, RoundEvent) and released:
-                    job.deliver(released)  # a round's tokens arrive together: one hand-over each
-                    released = []
-                if job.cancel_reason is not None:
-                    cut_short = job.cancel_reason
-                    generation.interrupt()
-                    break
+            try:
+                for event in generation:
+                    if isinstance(event, TokenEvent):
+                        released.append(event)
+                    elif isinstance(event, RoundEvent) and released:
+                        job.deliver(released)  # a round's tokens arrive together: one hand-over each
+                        released = []
+                    if job.cancel_reason is not None:
+                        break
+            except DecodeAborted:  # cancel() or stop() stopped a decode (the prompt's, most often)
+                if job.cancel_reason is None:
+                    raise
+            if job.cancel_reason is not None:
+                cut_short = job.cancel_reason
+                generation.interrupt()
             if released:
                 job.deliver(released)
             job.deliver(Finished(generation.stats, generation.text, cut_short))
