@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from specli.events import DoneEvent, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
     from specli.sampling import SamplingParams
     from specli.stats import GenerationStats
-    from specli.verify import speculative_step
 
 __version__ = "0.1.0"
 
@@ -25,7 +24,6 @@ _WHERE = {
     "RoundEvent": "events", "TokenEvent": "events",
     "SamplingParams": "sampling",
     "GenerationStats": "stats",
-    "speculative_step": "verify",
 }
 
 __all__ = [
@@ -42,7 +40,6 @@ __all__ = [
     "Speculator",
     "TokenEvent",
     "load",
-    "speculative_step",
 ]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from specli.costs import CostModel
 from specli.drafters.base import Draft, Drafter
 from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
-from specli.llama import Model
+from specli.llama import Model, check_prompt_fits
 from specli.policy import Learned, regime
 from specli.proposer import Proposer, RoundResult, make_proposer
 from specli.sampling import Noise, Sampler, SamplingParams, random_seed
@@ -36,6 +36,9 @@ class GenerationParams:
     # Verify drafts against the target's own keyed draw, so a seeded run prints exactly what plain
     # decoding prints with that seed (see sampling.Sampler); False: the rejection rule.
     same_as_plain: bool = True
+    # Stop a round's draft where the draft's top probability falls below this (--draft-p-min); None:
+    # what the drafter was built with (api.load's draft_p_min).
+    draft_p_min: float | None = None
 
 
 class Generation:
@@ -89,17 +92,20 @@ class Generation:
         return self._stream.tokens
 
 
+def cannot_roll_back(file_name: str, architecture: str) -> str:
+    """Why a recurrent/hybrid target without bounded rollback cannot be speculated on (said by the engine,
+    and before loading by runplan)."""
+    return (f"{file_name} is a recurrent/hybrid model ({architecture}) whose state this llama.cpp cannot "
+            "roll back past a rejected draft, so speculative decoding is not possible; run with --no-draft")
+
+
 class SpeculativeEngine:
     """Generates with a target model and an optional drafter (None: plain decoding, the baseline).
     The models belong to the caller (api.Speculator), which closes them."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None) -> None:
         if drafter is not None and target.max_rollback < 1:
-            raise ValueError(
-                f"{target.path.name} is a recurrent/hybrid model ({target.architecture}) whose state "
-                "this llama.cpp cannot roll back past a rejected draft, so speculative decoding is "
-                "not possible; run with --no-draft"
-            )
+            raise ValueError(cannot_roll_back(target.path.name, target.architecture))
         self.target = target
         self.drafter = drafter
         # What decodes cost on this machine and what auto learned of the pair: kept across generations.
@@ -114,11 +120,10 @@ class SpeculativeEngine:
         """
         if not prompt:
             raise ValueError("the prompt is empty: nothing to continue")
-        if len(prompt) > self.target.n_ctx:
-            raise ValueError(
-                f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx} (raise --ctx)"
-            )
+        check_prompt_fits(len(prompt), self.target.n_ctx)  # PromptTooLong, a ValueError
         context = list(prompt)
+        if self.drafter is not None and params.draft_p_min is not None:
+            self.drafter.set_p_min(params.draft_p_min)
         stream = TextStream(self.target, params.stop)
         self.learned.enter(regime(params.sampling, params.same_as_plain))
         proposer = make_proposer(self.drafter, params.draft_max, self.costs, self.learned)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specli.drafters.ngram import LONG_N
-from specli.drafters.registry import drafter_kind
+from specli.drafters.registry import NGRAM_LOOKUP, DrafterKind, drafter_kind
 from specli.llama import cpu_has_amx
 from specli.settings import AUTO, MAX_DRAFT_K, RunSettings, UsageProblem
 
@@ -86,7 +86,7 @@ class ExportInput:
     Face repositories models.toml names for the target and the draft (None: not given)."""
 
     target: Path
-    draft: str | Path | None  # a draft model's path, "ngram", "mtp", or None (no drafting)
+    draft: str | Path | None  # a draft model's path, a reserved drafter's name, or None (no drafting)
     ngram: bool  # n-gram lookup in front of the draft model
     settings: RunSettings
     target_hf: str | None = None
@@ -166,35 +166,36 @@ def build_export(spec: ExportInput, engine: str, *, bench_file: Path | None = No
     return Export(engine, argv, notes, k, k_source, head)
 
 
-def _drafter(spec: ExportInput) -> str | None:
-    """"model", "ngram", "mtp", "model+ngram", or None (no drafting)."""
+@dataclass(frozen=True)
+class Drafting:
+    """The drafter to export: its kind (the registry's: what other engines call it), and whether n-gram
+    lookup goes in front of its draft model (--ngram)."""
+
+    kind: DrafterKind
+    combined: bool
+
+
+def _drafter(spec: ExportInput) -> Drafting | None:
     kind = drafter_kind(spec.draft)
-    if kind is None:
-        return None
-    if kind.reserved:
-        return kind.name
-    return "model+ngram" if spec.ngram else "model"
+    return None if kind is None else Drafting(kind, spec.ngram and kind.uses_model)
 
 
 def _gpu_layers(n: int) -> str:
     return "all" if n < 0 else str(n)
 
 
-def _llama_server(spec: ExportInput, drafter: str | None, k: int, host: str,
+def _llama_server(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
                   port: int) -> tuple[list[str], list[str]]:
     s = spec.settings
     argv = ["llama-server", "-m", str(spec.target)]
     notes: list[str] = []
     types: list[str] = []
-    if drafter in ("model", "model+ngram"):
-        argv += ["-md", str(spec.draft)]
-        if drafter == "model+ngram":
-            types.append("ngram-simple")
-        types.append("draft-simple")
-    elif drafter == "ngram":
-        types.append("ngram-simple")
-    elif drafter == "mtp":
-        types.append("draft-mtp")
+    if drafter is not None:
+        if drafter.kind.uses_model:
+            argv += ["-md", str(spec.draft)]
+        if drafter.combined:
+            types.append(NGRAM_LOOKUP.equivalents.llama_server)
+        types.append(drafter.kind.equivalents.llama_server)
     argv += ["--spec-type", ",".join(types) or "none", "--spec-draft-n-max", str(k)]
     if "ngram-simple" in types:
         # ngram-simple drafts up to size-m tokens after a size-n match (llama.cpp common/ngram-map.cpp)
@@ -204,11 +205,11 @@ def _llama_server(spec: ExportInput, drafter: str | None, k: int, host: str,
                      f"else the longest of the last {NGRAM_LOOKUP_MAX}...{NGRAM_LOOKUP_MIN} tokens; "
                      f"llama-server's ngram-simple matches exactly {LLAMA_SERVER_NGRAM_LOOKUP} "
                      "(--spec-ngram-simple-size-n); on long copies its --spec-type ngram-mod at its "
-                     "defaults was the fastest of its types (docs/performance.md)")
-    if drafter in ("model", "model+ngram", "mtp"):
+                     "defaults was the fastest of its types (lab/history.md)")
+    if drafter is not None and drafter.kind.takes_p_min:
         argv += ["--spec-draft-p-min", f"{s.draft_p_min:g}"]
     argv += ["-c", str(s.ctx), "-ngl", _gpu_layers(s.gpu_layers)]
-    if drafter in ("model", "model+ngram"):
+    if drafter is not None and drafter.kind.uses_model:
         argv += ["-ngld", _gpu_layers(s.gpu_layers)]
     if s.threads > 0:
         argv += ["-t", str(s.threads)]
@@ -246,7 +247,8 @@ def _hf(spec: ExportInput, engine: str) -> tuple[str, str | None, list[str]]:
         notes.append(f"{engine} loads Hugging Face checkpoints, not GGUF: replace {TARGET_PLACEHOLDER} with "
                      f"the repository of {spec.target.name}'s model (or add hf = \"OWNER/NAME\" to its "
                      "models.toml entry)")
-    if drafter_kind(spec.draft) is not None and not drafter_kind(spec.draft).reserved:  # type: ignore[union-attr]
+    kind = drafter_kind(spec.draft)
+    if kind is not None and kind.uses_model:
         draft = spec.draft_hf or DRAFT_PLACEHOLDER
         if spec.draft_hf is None:
             notes.append(f"replace {DRAFT_PLACEHOLDER} with the Hugging Face repository of the draft "
@@ -267,24 +269,23 @@ def _sampling_request(s: RunSettings) -> dict[str, Any]:
     return out
 
 
-def _vllm(spec: ExportInput, drafter: str | None, k: int, host: str,
+def _vllm(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
           port: int) -> tuple[list[str], list[str]]:
     s = spec.settings
     target, draft, notes = _hf(spec, "vLLM")
     argv = ["vllm", "serve", target]
-    config: dict[str, Any] | None = None
-    if drafter in ("model", "model+ngram"):
-        config = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
-        if drafter == "model+ngram":
-            notes.append("combined drafting (--ngram) has no vLLM equivalent: the draft model alone drafts")
-    elif drafter == "ngram":
-        config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": NGRAM_LOOKUP_MAX,
-                  "prompt_lookup_min": NGRAM_LOOKUP_MIN}
-    elif drafter == "mtp":
-        config = {"method": "mtp", "num_speculative_tokens": k}
-    if config is not None:
+    method = drafter.kind.equivalents.vllm if drafter is not None else None
+    if method is not None:
+        config: dict[str, Any] = {"method": method}
+        if draft is not None:
+            config["model"] = draft
+        config["num_speculative_tokens"] = k
+        if method == "ngram":  # vLLM's prompt lookup: the match lengths specli's lookup tries
+            config |= {"prompt_lookup_max": NGRAM_LOOKUP_MAX, "prompt_lookup_min": NGRAM_LOOKUP_MIN}
         argv += ["--speculative-config", json.dumps(config)]
-    if drafter in ("model", "model+ngram", "mtp") and s.draft_p_min > 0:
+    if drafter is not None and drafter.combined:
+        notes.append("combined drafting (--ngram) has no vLLM equivalent: the draft model alone drafts")
+    if drafter is not None and drafter.kind.takes_p_min and s.draft_p_min > 0:
         notes.append(f"--draft-p-min {s.draft_p_min:g} has no vLLM equivalent: every round drafts k tokens")
     argv += ["--max-model-len", str(s.ctx)]
     argv += ["--generation-config", "vllm", "--override-generation-config", json.dumps(_sampling_request(s))]
@@ -299,17 +300,17 @@ def _vllm(spec: ExportInput, drafter: str | None, k: int, host: str,
     return argv, notes
 
 
-def _sglang(spec: ExportInput, drafter: str | None, k: int, host: str,
+def _sglang(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
             port: int) -> tuple[list[str], list[str]]:
     s = spec.settings
     target, draft, notes = _hf(spec, "SGLang")
     argv = ["python", "-m", "sglang.launch_server", "--model-path", target]
-    algorithm = {"model": "STANDALONE", "model+ngram": "STANDALONE", "ngram": "NGRAM", "mtp": "NEXTN"}
-    if drafter is not None:
-        argv += ["--speculative-algorithm", algorithm[drafter]]
+    algorithm = drafter.kind.equivalents.sglang if drafter is not None else None
+    if algorithm is not None:
+        argv += ["--speculative-algorithm", algorithm]
         if draft is not None:
             argv += ["--speculative-draft-model-path", draft]
-        if drafter == "ngram":
+        if algorithm == "NGRAM":
             # NGRAM verifies a tree of candidates: the draft tokens per round are its size
             argv += ["--speculative-num-draft-tokens", str(k + 1)]
             notes.append("SGLang's NGRAM speculation runs on CUDA only")
@@ -317,9 +318,9 @@ def _sglang(spec: ExportInput, drafter: str | None, k: int, host: str,
             # one chain of k draft steps (top-k 1), verified as k + 1 tokens
             argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
                      "--speculative-num-draft-tokens", str(k + 1)]
-        if drafter == "model+ngram":
-            notes.append("combined drafting (--ngram) has no SGLang equivalent: the draft model alone drafts")
-    if drafter in ("model", "model+ngram", "mtp") and s.draft_p_min > 0:
+    if drafter is not None and drafter.combined:
+        notes.append("combined drafting (--ngram) has no SGLang equivalent: the draft model alone drafts")
+    if drafter is not None and drafter.kind.takes_p_min and s.draft_p_min > 0:
         notes.append(f"--draft-p-min {s.draft_p_min:g} has no SGLang equivalent: every round drafts k tokens")
     argv += ["--context-length", str(s.ctx)]
     if s.seed is not None:

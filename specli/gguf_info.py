@@ -271,10 +271,6 @@ class GGUFInfo:
     def total_size(self) -> int:
         return self.file_size + sum(shard.file_size for shard in self.shards)
 
-    @property
-    def supported_architecture(self) -> bool:
-        return self.architecture in SUPPORTED_ARCHITECTURES
-
 
 def human_count(n: int | None) -> str:
     """292800 -> '292.8K', 7615616512 -> '7.6B'."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,8 +39,44 @@ class SamplingError(ValueError):
     """Logits or settings that cannot give a distribution (NaN/inf logits, nothing left to sample)."""
 
 
+# Below this a temperature is greedy in all but name, and 1/T (with logits of a few tens) heads for
+# float32 overflow: 1e-40 gave infinite logits and "no mass". llama.cpp has no lower bound of its own.
+MIN_TEMPERATURE = 1e-4
+MAX_TOP_K = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a sampler setting may be: the check and how to say it. The one statement of these rules:
+    SamplingParams checks its fields with them, and specli.settings every flag, models.toml key and
+    request field of the same settings."""
+
+    valid: Callable[[float], bool]
+    expected: str
+
+
+def temperature_problem(t: float) -> str | None:
+    """A temperature in range that is still unusable (None: fine)."""
+    if 0 < t < MIN_TEMPERATURE:
+        return (f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {t:g}: a smaller temperature "
+                "is greedy in all but name and overflows the arithmetic")
+    return None
+
+
+SAMPLER_RANGES: dict[str, Range] = {
+    "temperature": Range(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 is greedy)"),
+    "top_k": Range(lambda v: 0 <= v <= MAX_TOP_K, "a whole number >= 0 (0: off)"),
+    "top_p": Range(lambda v: 0 < v <= 1, "a number in (0, 1] (1: off)"),
+    "min_p": Range(lambda v: 0 <= v <= 1, "a number in [0, 1] (0: off)"),
+}
+
+
 @dataclass(frozen=True)
 class SamplingParams:
+    """The sampler of one generation. Its defaults are the plain sampler (temperature 0.8, no filters);
+    the commands' defaults (llama.cpp's top-k 40, top-p 0.95, min-p 0.05) are specli.settings.RunSettings',
+    which builds these for every front end."""
+
     temperature: float = 0.8
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
@@ -47,14 +84,12 @@ class SamplingParams:
     banned: tuple[int, ...] = ()  # ids that are never sampled (--ignore-eos bans end-of-generation)
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top-k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min-p must be in [0, 1], got {self.min_p}")
+        for name, rule in SAMPLER_RANGES.items():
+            value = getattr(self, name)
+            if not rule.valid(value):
+                raise ValueError(f"{name} must be {rule.expected}, got {value}")
+        if (problem := temperature_problem(self.temperature)) is not None:
+            raise ValueError(f"temperature {problem}")
 
     @property
     def greedy(self) -> bool:
@@ -641,66 +676,12 @@ def _distribution(
     return Dist(keep, np.multiply(logits_kept, inv_t, dtype=np.float64), out_width)
 
 
-def process_logits(logits: np.ndarray, params: SamplingParams, *, out_width: int | None = None) -> np.ndarray:
-    """One logits row -> the processed probability row (float32, sums to 1) over `out_width` ids."""
-    return distribution(logits, params, width=out_width).dense()
-
-
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token from a probability row (inverse CDF: one cumsum + one binary search)."""
-    cdf = np.cumsum(probs, dtype=np.float64)
-    total = cdf[-1]
-    if not total > 0:
-        raise SamplingError("nothing left to sample: the distribution has no mass")
-    idx = int(np.searchsorted(cdf, rng.random() * total, side="right"))
-    idx = min(idx, probs.shape[0] - 1)
-    # Guard against landing on a zero-mass id through float rounding at the very end of the CDF.
-    while probs[idx] == 0 and idx > 0:
-        idx -= 1
-    return idx
-
-
-def accept_prefix(p_draft: np.ndarray, q_draft: np.ndarray, u: np.ndarray) -> int:
-    """How many draft tokens the target accepts: the first i with u_i >= p_i(d_i) / q_i(d_i) (or k).
-
-    p_draft, q_draft: target and draft probabilities of the drafted tokens; u: uniforms in [0, 1).
-    Written as u*q < p so that q = 0 (impossible for a sampled token, but cheap to survive) rejects.
-    """
-    accepted = u * q_draft < p_draft
-    return int(accepted.argmin()) if not accepted.all() else int(accepted.shape[0])
-
-
-def residual_distribution(p: np.ndarray, q: np.ndarray | None, rejected_token: int) -> np.ndarray:
-    """norm(max(p - q, 0)) on dense rows (see Dist.residual)."""
-    if q is None:
-        r = p.copy()
-        r[rejected_token] = 0.0
-    else:
-        r = np.maximum(p - q, 0.0)
-    total = float(r.sum())
-    if not total > 0:
-        return p
-    return r / np.float32(total)
-
-
-def acceptance_probability(
-    target_logits: np.ndarray, token: int, q: np.ndarray | Dist | None, params: SamplingParams
-) -> float:
-    """How likely the exact rule accepts a proposal at a position whose target logits are given:
-    greedy, 1 if `token` is the argmax; sampling, sum_x min(p(x), q(x)) for a proposal drawn from q
-    (its expectation over the draw, a steadier estimate than one outcome), p(token) for a point mass
-    (q None)."""
-    if params.greedy:
-        return float(token == greedy_token(target_logits, params.banned))
-    return proposal_acceptance(distribution(target_logits, params), token, q)
-
-
-def proposal_acceptance(p: Dist, token: int, q: np.ndarray | Dist | None) -> float:
-    """acceptance_probability for an already processed target distribution p."""
+def proposal_acceptance(p: Dist, token: int, q: Dist | None) -> float:
+    """How likely the exact rule accepts a proposal where the target's processed distribution is p:
+    sum_x min(p(x), q(x)) for a proposal drawn from q (its expectation over the draw, a steadier
+    estimate than one outcome), p(token) for a point mass (q None)."""
     if q is None:
         return p.prob(token)
-    if isinstance(q, np.ndarray):
-        q = Dist.from_probs(None, q[: p.width].astype(np.float64), p.width)
     return p.overlap(q)
 
 

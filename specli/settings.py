@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from specli.sampling import SamplingParams, random_seed
+from specli.sampling import SAMPLER_RANGES, SamplingParams, random_seed, temperature_problem
 
 if TYPE_CHECKING:
     from specli.engine import GenerationParams
@@ -48,9 +48,6 @@ class SettingError(UsageProblem):
         return self.option
 
 
-# Below this a temperature is greedy in all but name, and 1/T (with logits of a few tens) heads for
-# float32 overflow: 1e-40 gave infinite logits and "no mass". llama.cpp has no lower bound of its own.
-MIN_TEMPERATURE = 1e-4
 MIN_CONTEXT = 16
 # llama.cpp holds n_ctx in a uint32 and pads it up to a multiple of 256 (src/llama-context.cpp).
 MAX_CONTEXT = 2**32 - 256
@@ -60,7 +57,7 @@ MAX_DRAFT_K = 64
 # ggml's thread pool holds at most GGML_MAX_N_THREADS (512) threads; beyond it llama.cpp crashes (-t 70000:
 # SIGSEGV). Far below that, threads that outnumber the cores only add synchronisation: on 2 busy cores
 # one Gemma 3 270M token took 28 ms at -t 1, 97 ms at -t 16, 245 ms at -t 64 and 1.5 s at -t 512
-# (examples/thread_count.py), so a run refuses more than THREADS_PER_CORE per core it may use.
+# (lab/thread_count.py), so a run refuses more than THREADS_PER_CORE per core it may use.
 MAX_THREADS = 512
 THREADS_PER_CORE = 8
 MAX_INT32 = 2**31 - 1
@@ -78,17 +75,6 @@ def usable_cores() -> int:
 def thread_limit() -> int:
     """The most threads a run may ask for on this machine (see THREADS_PER_CORE)."""
     return min(MAX_THREADS, THREADS_PER_CORE * usable_cores())
-
-
-def _finite(v: float) -> bool:
-    return math.isfinite(v)
-
-
-def _temperature_problem(t: float) -> str | None:
-    if 0 < t < MIN_TEMPERATURE:
-        return (f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {t:g}: a smaller temperature "
-                "is greedy in all but name and overflows the arithmetic")
-    return None
 
 
 @dataclass(frozen=True)
@@ -109,16 +95,21 @@ class Setting:
     request: str | None = None
 
 
+def _sampler(name: str) -> tuple[str, Callable[[Any], bool]]:
+    """A sampler setting's rule (sampling.SAMPLER_RANGES, the one statement of it): expected, valid."""
+    rule = SAMPLER_RANGES[name]
+    return rule.expected, rule.valid
+
+
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("temp", "--temp", "float", "a finite number >= 0 (0 is greedy)",
-            lambda v: _finite(v) and v >= 0, "Temperature; 0 is greedy.", _temperature_problem,
-            request="temperature"),
-    Setting("top_k", "--top-k", "int", "a whole number >= 0 (0: off)", lambda v: 0 <= v <= MAX_INT32,
-            "Keep the k most likely tokens (0: off).", request="top_k"),
-    Setting("top_p", "--top-p", "float", "a number in (0, 1] (1: off)", lambda v: 0 < v <= 1,
-            "Nucleus sampling mass, in (0, 1] (1: off).", request="top_p"),
-    Setting("min_p", "--min-p", "float", "a number in [0, 1] (0: off)", lambda v: 0 <= v <= 1,
-            "Drop tokens below P × the top probability (0: off).", request="min_p"),
+    Setting("temp", "--temp", "float", *_sampler("temperature"), "Temperature; 0 is greedy.",
+            temperature_problem, request="temperature"),
+    Setting("top_k", "--top-k", "int", *_sampler("top_k"), "Keep the k most likely tokens (0: off).",
+            request="top_k"),
+    Setting("top_p", "--top-p", "float", *_sampler("top_p"), "Nucleus sampling mass, in (0, 1] (1: off).",
+            request="top_p"),
+    Setting("min_p", "--min-p", "float", *_sampler("min_p"), "Drop tokens below P × the top probability "
+            "(0: off).", request="min_p"),
     Setting("draft_max", "--draft-max", "k", f'a whole number from 0 to {MAX_DRAFT_K}, or "auto"',
             lambda v: v == AUTO or 0 <= v <= MAX_DRAFT_K,
             f"Tokens drafted per round (0..{MAX_DRAFT_K}), or 'auto': chosen from measured costs and "
@@ -204,7 +195,7 @@ class RunSettings:
         return GenerationParams(
             max_tokens=self.max_tokens, sampling=self.sampling, seed=self.seeded().seed_at(seed_offset),
             stop=self.stop, draft_max=self.draft_max, ignore_eos=self.ignore_eos,
-            same_as_plain=self.same_as_plain,
+            same_as_plain=self.same_as_plain, draft_p_min=self.draft_p_min,
         )
 
     def validate(self) -> RunSettings:
@@ -228,7 +219,8 @@ COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
     "chat": {"max_tokens": 512},
     # As llama-bench: every run generates exactly -n tokens; pairs are seeded from 0 unless -s says.
     "bench": {"max_tokens": 128, "ctx": 2048, "seed": 0, "ignore_eos": True},
-    "demo": {"max_tokens": 200, "temp": 0.0},  # Gemma 3 270M with n-gram lookup
+    # Gemma 3 270M with n-gram lookup: text, panel, verdict and next steps fit a 40-line terminal.
+    "demo": {"max_tokens": 120, "temp": 0.0},
     "demo-synthetic": {"max_tokens": 96, "temp": 0.0, "draft_max": 3},  # a fixed k, so the colours show
     # Chat UIs and OpenAI's clients send no max_tokens unless told to: a reply runs to its end of text.
     "serve": {"max_tokens": 4096},

@@ -60,11 +60,6 @@ def note(signum: int) -> None:
     _received = signum
 
 
-def received() -> int | None:
-    """The last signal handled (SIGINT or SIGTERM), or None."""
-    return _received
-
-
 def terminated() -> bool:
     return _received == signal.SIGTERM
 

@@ -17,9 +17,7 @@ from specli.sampling import (
     ACCEPT,
     RESIDUAL,
     Dist,
-    Noise,
     Sampler,
-    SamplingParams,
     distribution,
     greedy_token,
     masked_for,
@@ -62,7 +60,7 @@ def verify(target_rows: np.ndarray, draft: Draft, sampler: Sampler, position: in
             dists.append(p)
             if i == k or own != d[i]:
                 return Verdict([*d[:i], own], i, dists)
-    qs = _proposal_dists(draft)
+    qs = draft.probs
     for i in range(k):
         p = distribution(target_rows[i], params)
         dists.append(p)
@@ -73,28 +71,6 @@ def verify(target_rows: np.ndarray, draft: Draft, sampler: Sampler, position: in
     p = distribution(target_rows[k], params)
     dists.append(p)
     return Verdict([*d, p.draw(noise, position + k)], k, dists)
-
-
-def _proposal_dists(draft: Draft) -> list[Dist] | None:
-    if draft.probs is None or not isinstance(draft.probs, np.ndarray):
-        return draft.probs
-    width = draft.probs.shape[1]  # dense rows (k, vocab), as tests build them
-    return [Dist.from_probs(None, row.astype(np.float64), width) for row in draft.probs]
-
-
-def speculative_step(
-    target_rows: np.ndarray,
-    draft: Draft,
-    sampling: SamplingParams,
-    rng: np.random.Generator | Noise,
-    position: int = 0,
-    *,
-    same_as_plain: bool = False,
-) -> tuple[list[int], int]:
-    """verify() as (tokens to commit, n accepted); a numpy Generator stands for fresh noise."""
-    noise = rng if isinstance(rng, Noise) else Noise(int(rng.integers(2**62)))
-    verdict = verify(target_rows, draft, Sampler(sampling, noise, same_as_plain), position)
-    return verdict.tokens, verdict.n_accepted
 
 
 def acceptance_of(verdict: Verdict, i: int, token: int, q: Dist | None, same_as_plain: bool) -> float:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sampling_reference import process_logits
 from support import (
     BONUS_ROW,
     EXACT,
@@ -43,7 +44,6 @@ from specli.costs import CostModel
 from specli.events import Origin, RejectedEvent, RoundEvent, TokenEvent
 from specli.llama import Model, ModelOptions
 from specli.policy import Learned
-from specli.sampling import process_logits
 
 N_CTX = 256
 UNFILTERED = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)

@@ -13,6 +13,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
+from sampling_reference import process_logits
 from support import free_drafting
 
 from specli import GenerationParams, SamplingParams, TokenEvent, load
@@ -20,7 +21,6 @@ from specli.drafters.model import DraftModelDrafter
 from specli.engine import SpeculativeEngine
 from specli.events import RoundEvent
 from specli.llama import Model, ModelOptions, RollbackError
-from specli.sampling import process_logits
 from specli_synth.hybrid import HybridFixtureModels, build_hybrid_fixture_models
 
 PROMPT = "Once upon a time"
@@ -94,7 +94,7 @@ def test_llama_cpp_snapshots_reach_only_into_the_last_batch(hybrid_models, arch)
         m.decode(prompt, outputs="none")
         m.decode([300, 301, 302], outputs="all")
         n = len(prompt)
-        assert m.snapshot_room == 2
+        assert m._rollback_room == 2  # (private: what the last batch lets truncate() drop)
         # What llama.cpp itself does when asked to drop the whole batch:
         assert llama_cpp.llama_memory_seq_rm(m._mem, 0, n, -1)
         del m.tokens[n:]
@@ -120,7 +120,7 @@ def test_checkpoint_rollback_across_single_token_decodes(hybrid_models) -> None:
         m.decode(prompt, outputs="last")
         for t in (300, 301, 302, 303):
             m.decode([t], outputs="last")
-        assert m.snapshot_room == 0 and m.can_truncate(len(prompt) + 1)
+        assert m._rollback_room == 0 and m.can_truncate(len(prompt) + 1)
         m.truncate(len(prompt) + 1)  # the automatic checkpoint at the prompt's end, then replay 300
         m.decode([301, 302, 303, 304], outputs="last")
         m.checkpoint()

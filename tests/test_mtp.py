@@ -15,11 +15,11 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
+from sampling_reference import process_logits
 from support import null_tv_threshold, plain_greedy, tv
 
 from specli import GenerationParams, SamplingParams, load
 from specli.llama import LlamaError, Model, ModelOptions, MTPContext
-from specli.sampling import process_logits
 from specli_synth.mtp import build_mtp_fixture
 
 PROMPTS = ("Once upon a time", "The function returns")

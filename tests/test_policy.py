@@ -6,10 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from sampling_reference import acceptance_probability
 
 from specli.costs import CostModel
 from specli.policy import CARRIED_WEIGHT, AutoK, Calibration, Decision, Learned, RoundReport, regime
-from specli.sampling import SamplingParams, acceptance_probability
+from specli.sampling import SamplingParams
 
 # A 2-core CPU's verify staircase (ms, from `specli bench` on the demo target): m = 2 costs 1.7x m = 1,
 # m = 3..6 little more, then another step.

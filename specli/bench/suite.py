@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from specli.sampling import SamplingParams
 from specli.settings import (
@@ -160,16 +161,24 @@ def _unique_names(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
 _LIST = Source(text=True, spellings={"draft_max": "-k", "temp": "--temp"})
 
 
+def _checked(name: str, item: Any, source: Source = _LIST) -> Any:
+    """One value of bench's -k or --temp list, by the setting's own rule (and, for -k, not 0)."""
+    try:
+        parsed = parse_value(name, item, source)
+    except SettingError as e:
+        raise BenchError(f"{e.option}: {item!r} {e.problem.split(', got ')[0]}") from None
+    if name == "draft_max" and parsed == 0:
+        raise BenchError(f"-k: 0 is out of range 1..{MAX_DRAFT_K} (k = 0 is the plain baseline, always run)")
+    return parsed
+
+
 def _parse_list(name: str, value: str, example: str) -> list:
     """A comma-separated list of one setting's values, each checked by the setting's own rule."""
     out: list = []
     for item in (s.strip() for s in value.split(",")):
         if not item:
             continue
-        try:
-            parsed = parse_value(name, item, _LIST)
-        except SettingError as e:
-            raise BenchError(f"{e.option}: {item!r} {e.problem.split(', got ')[0]}") from None
+        parsed = _checked(name, item)
         if parsed not in out:
             out.append(parsed)
     if not out:
@@ -179,10 +188,7 @@ def _parse_list(name: str, value: str, example: str) -> list:
 
 def parse_k_list(value: str) -> list[K]:
     """'1,2,4,auto' -> [1, 2, 4, 'auto'] (each k in 1..MAX_DRAFT_K, no duplicates)."""
-    ks = _parse_list("draft_max", value, "1,2,4,8 or auto")
-    if 0 in ks:
-        raise BenchError(f"-k: 0 is out of range 1..{MAX_DRAFT_K} (k = 0 is the plain baseline, always run)")
-    return ks
+    return _parse_list("draft_max", value, "1,2,4,8 or auto")
 
 
 def parse_temp_list(value: str) -> list[float]:
@@ -224,11 +230,14 @@ class BenchConfig:
     def validate(self) -> None:
         if not self.ks:
             raise BenchError("no draft lengths to bench (-k)")
+        if not self.temps:
+            raise BenchError("no temperatures to bench (--temp)")
+        # Built in code (the API) rather than parsed: the same rules as the flags.
+        typed = Source(text=False, spellings=_LIST.spellings)
         for k in self.ks:
-            if k != AUTO and not (isinstance(k, int) and 1 <= k <= MAX_DRAFT_K):
-                raise BenchError(f"-k: {k!r} is not a draft length in 1..{MAX_DRAFT_K} or 'auto'")
-        if not self.temps or any(not t >= 0 for t in self.temps):
-            raise BenchError("--temp: need one or more temperatures >= 0")
+            _checked("draft_max", k, typed)
+        for t in self.temps:
+            _checked("temp", t, typed)
         if self.repeat < 1:
             raise BenchError("--repeat must be at least 1")
         if not self.prompt_list():

@@ -31,6 +31,15 @@ class BuildRequest:
 
 
 @dataclass(frozen=True)
+class Equivalents:
+    """What other engines call this drafter, for `specli export` (None: the engine has none)."""
+
+    llama_server: str  # --spec-type
+    vllm: str | None  # --speculative-config's "method"
+    sglang: str | None  # --speculative-algorithm
+
+
+@dataclass(frozen=True)
 class DrafterKind:
     name: str  # the source name its tokens carry (TokenEvent.drafter); for reserved kinds, --draft's value
     reserved: bool  # `--draft NAME` selects it (else a draft model is named by a path or models.toml name)
@@ -38,7 +47,11 @@ class DrafterKind:
     description: str  # one line, for --help and `specli models`
     colour: str  # accepted tokens of this source, in the terminal (rich style) and the web page
     build: Callable[[BuildRequest], Drafter]
+    equivalents: Equivalents
     loads_target_mtp: bool = False  # the target is loaded with its MTP layers
+    uses_model: bool = False  # a draft model file (`--draft PATH`), which --ngram may combine with lookup
+    takes_p_min: bool = False  # --draft-p-min cuts its rounds (it reports its own confidence)
+    in_bench: bool = True  # `specli bench` can run it
 
 
 def _draft_model(req: BuildRequest) -> Drafter:
@@ -77,13 +90,16 @@ def _mtp(req: BuildRequest) -> Drafter:
 
 DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("draft", False, "a draft model", "a smaller model with the target's vocabulary drafts",
-                "green", _draft_model),
+                "green", _draft_model, Equivalents("draft-simple", "draft_model", "STANDALONE"),
+                uses_model=True, takes_p_min=True),
     DrafterKind("ngram", True, "nothing", "prompt lookup: continues repeats of the prompt and output",
-                "magenta", _ngram),
+                "magenta", _ngram, Equivalents("ngram-simple", "ngram", "NGRAM")),
     DrafterKind("mtp", True, "the target's MTP layers", "the target's own multi-token-prediction layers",
-                "green", _mtp, loads_target_mtp=True),
+                "green", _mtp, Equivalents("draft-mtp", "mtp", "NEXTN"), loads_target_mtp=True,
+                takes_p_min=True, in_bench=False),
 )}
 DRAFT_MODEL = DRAFTERS["draft"]
+NGRAM_LOOKUP = DRAFTERS["ngram"]  # what --ngram puts in front of a draft model (combined drafting)
 RESERVED_NAMES: tuple[str, ...] = tuple(k.name for k in DRAFTERS.values() if k.reserved)
 
 

@@ -218,8 +218,7 @@ class Service:
         async with self._preparing:
             tokens, settings = await self.unless_stopping(asyncio.to_thread(self.prepare, completion))
         reply = Reply(kind, self.options.alias, spec.drafter.name if spec.drafter else None)
-        job = Job(reply.id, tokens, settings.generation_params(), settings.draft_p_min,
-                  fresh=not completion.cache_prompt)
+        job = Job(reply.id, tokens, settings.generation_params(), fresh=not completion.cache_prompt)
         try:
             self.worker.submit(job)
         except QueueFull:
@@ -337,8 +336,8 @@ class Service:
             "drafter": spec.drafter.name if spec.drafter else None,
             "sources": [{"name": n, "colour": colour_of(n)} for n in sources],
             "n_ctx": spec.target.n_ctx,
-            "chat_template": "fallback ChatML" if self.chat_format and self.chat_format.template.is_fallback
-            else "gguf",
+            "chat_template": self.chat_format.template_kind if self.chat_format else None,
+            "base_model": bool(self.chat_format and self.chat_format.base_model),
             "defaults": {"temperature": d.temp, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
                          "speculative.n_max": d.draft_max, "speculative.p_min": d.draft_p_min,
                          "max_tokens": d.max_tokens, "seed": d.seed, "same_as_plain": d.same_as_plain},

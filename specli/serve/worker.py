@@ -66,12 +66,11 @@ class Job:
     """One generation asked for by one request. The worker thread delivers its items (a round's
     released tokens, then one Finished or Failed) to the asyncio loop the job was made on."""
 
-    def __init__(self, job_id: str, tokens: list[int], params: GenerationParams, draft_p_min: float,
-                 *, fresh: bool = False) -> None:
+    def __init__(self, job_id: str, tokens: list[int], params: GenerationParams, *,
+                 fresh: bool = False) -> None:
         self.id = job_id
         self.tokens = tokens
         self.params = params
-        self.draft_p_min = draft_p_min
         self.fresh = fresh  # evaluate the whole prompt, not reusing the cache (cache_prompt: false)
         self._loop = asyncio.get_running_loop()
         self._items: asyncio.Queue[JobItem] = asyncio.Queue()
@@ -242,8 +241,6 @@ class GenerationWorker:
                                  ran=False))
             return
         try:
-            if spec.drafter is not None:
-                spec.drafter.set_p_min(job.draft_p_min)
             if job.fresh:
                 spec.engine.reset()
             generation = spec.generate(job.tokens, job.params)

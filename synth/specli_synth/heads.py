@@ -7,14 +7,11 @@ Used by :func:`specli_synth.ngram_model.ngram_llama_weights`, whose docstring sa
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specli_synth.gguf_writer import LlamaSpec
-
-if TYPE_CHECKING:  # only for annotations: ngram_model imports this module
-    from specli_synth.ngram_model import SynthModelConfig
+from specli_synth.model_config import SynthModelConfig
 
 
 def copy_head(
