@@ -38,6 +38,7 @@ from specli.text import printable
 
 __all__ = [
     "CHATML_TEMPLATE",
+    "KNOWN_END_MARKERS",
     "ChatTemplate",
     "ChatTemplateError",
 ]
@@ -51,7 +52,7 @@ CHATML_TEMPLATE = (
 """ChatML template used when the model ships no chat template."""
 
 # End-of-turn markers we know of, in the order they are reported by ``stop_strings``.
-_KNOWN_END_MARKERS: tuple[str, ...] = (
+KNOWN_END_MARKERS: tuple[str, ...] = (
     "<|im_end|>",  # ChatML (Qwen, Yi, many fine-tunes)
     "<|eot_id|>",  # Llama 3.x
     "<|eom_id|>",  # Llama 3.1 tool ("ipython") turns
@@ -358,7 +359,7 @@ class ChatTemplate:
         if "<|channel|>" in text:
             found = list(_HARMONY_END_MARKERS)
         else:
-            found = [m for m in _KNOWN_END_MARKERS if m in text]
+            found = [m for m in KNOWN_END_MARKERS if m in text]
         eos = self.eos_token
         if eos and "eos_token" in text and _SPECIAL_LOOKING.match(eos) and eos not in found:
             found.append(eos)

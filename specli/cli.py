@@ -9,14 +9,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
+from typer.core import TyperCommand, TyperGroup
 
-from specli.drafters.registry import draft_help
+from specli.drafters.registry import draft_help, drafter_kind
 from specli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE, UsageProblem, friendly_errors
 from specli.events import TokenEvent
+from specli.llama import PromptTooLong
 from specli.runplan import Plan, load_run, model_name, open_registry, plan_run, read_prompt, validated
 from specli.settings import FLAGS, SETTINGS, defaults_for, parse_updates, valid_text
 from specli.ui.console import make_console, shows_styles
@@ -25,7 +28,45 @@ if TYPE_CHECKING:
     from specli.api import Speculator
     from specli.engine import Generation
 
+class _Command(TyperCommand):
+    """A command whose usage line names a required argument as `PROMPT` (typer writes `{PROMPT}`)."""
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p
+                for p in super().collect_usage_pieces(ctx)]
+
+
+class _Group(TyperGroup):
+    """The command list shows each command's whole first sentence (click cuts it at 45 characters with
+    "..."), wrapped to the terminal."""
+
+    command_class = _Command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, command.get_short_help_str(limit=10_000))
+                for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        def of(package: str) -> str:
+            try:
+                return version(package)
+            except PackageNotFoundError:
+                return "not installed"
+
+        typer.echo(f"specli {of('specli')} (llama-cpp-python {of('llama-cpp-python')})")
+        raise typer.Exit()
+
+
 app = typer.Typer(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     # Plain help (click's layout): typer's rich panels label every flag "<bool>".
@@ -120,6 +161,8 @@ def _load(plan: Plan, *, verbose: bool, err: Console) -> Speculator:
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks on errors."),
+    version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
+                                 help="Print specli's version (and llama-cpp-python's) and exit."),
 ) -> None:
     if debug:
         import os
@@ -127,7 +170,7 @@ def _root(
         os.environ["SPECLI_DEBUG"] = "1"
 
 
-@app.command()
+@app.command(cls=_Command)
 def run(
     context: typer.Context,
     prompt: str = typer.Argument(..., metavar="PROMPT", help="The prompt, or '-' to read it from stdin."),
@@ -166,12 +209,10 @@ def run(
         params = plan.settings.generation_params()
         spec = _load(plan, verbose=verbose, err=err)
         with spec:
-            prompt_tokens = spec.tokenize(text)
-            if len(prompt_tokens) >= spec.target.n_ctx:
-                raise UsageProblem(
-                    f"the prompt is {len(prompt_tokens)} tokens but the context holds {spec.target.n_ctx}: "
-                    "raise --ctx or shorten the prompt"
-                )
+            try:
+                prompt_tokens = spec.target.tokenize(text, fit=spec.target.n_ctx)
+            except PromptTooLong as e:
+                raise UsageProblem(f"{e}: raise --ctx or shorten the prompt") from None
             mode = "json" if json_out else ("terminal" if out.is_terminal else "pipe")
             generation = _stream(
                 spec, prompt_tokens, params, mode, out, show_rejected=show_rejected, prompt_text=text
@@ -242,7 +283,7 @@ def _stream(
     return generation
 
 
-@app.command()
+@app.command(cls=_Command)
 def bench(
     context: typer.Context,
     target: str = TargetOpt,
@@ -321,8 +362,10 @@ def bench(
             err.print(Text.assemble(("note: ", "yellow"), note), soft_wrap=True)
         if plan.draft is None:
             raise UsageProblem("bench compares against a drafter: give --draft (a model, or 'ngram')")
-        if plan.draft == "mtp":
-            raise UsageProblem("bench does not run --draft mtp yet: compare with `specli run --json`")
+        kind = drafter_kind(plan.draft)
+        if kind is not None and not kind.in_bench:
+            raise UsageProblem(f"bench does not run --draft {kind.name} yet: compare with "
+                               "`specli run --json`")
         llama.set_verbose(verbose)
         cfg = BenchConfig(
             target=plan.target,
@@ -388,7 +431,7 @@ def _write_failure(problems: list[str]) -> typer.Exit:
     return fail("; ".join(problems) + " (the report above has the results)")
 
 
-@app.command()
+@app.command(cls=_Command)
 def chat(
     context: typer.Context,
     name: str | None = TargetNameArg,
@@ -442,7 +485,7 @@ def chat(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_Command)
 def serve(
     context: typer.Context,
     name: str | None = TargetNameArg,
@@ -564,7 +607,7 @@ def checked_api_key(key: str) -> str:
     return key
 
 
-@app.command()
+@app.command(cls=_Command)
 def export(
     context: typer.Context,
     to: str = typer.Option(..., "--to", metavar="ENGINE", help="llama-server, vllm or sglang."),
@@ -612,7 +655,8 @@ def export(
             err.print(Text.assemble(("note: ", "yellow"), note), soft_wrap=True)
 
 
-models_app = typer.Typer(help="The models.toml registry: list entries, check a target/draft pair.")
+models_app = typer.Typer(cls=_Group,
+                         help="The models.toml registry: list entries, check a target/draft pair.")
 app.add_typer(models_app, name="models")
 
 
@@ -651,7 +695,7 @@ def models_list(
         out.print(render_models_table(rows, title=Text(f"models in {found}")))
 
 
-@models_app.command("check")
+@models_app.command("check", cls=_Command)
 def models_check(
     target: str = typer.Argument(..., metavar="TARGET", help="Target: a .gguf path or a models.toml name."),
     draft: str = typer.Argument(..., metavar="DRAFT", help="Draft: a .gguf path or a models.toml name."),
@@ -697,13 +741,13 @@ def _demo_writer():
         from specli_synth.demo import DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
     except ImportError:
         raise UsageProblem(
-            "the demo pair is written by specli-synth, which is not installed: run `pip install ./synth` "
-            "in specli's repository (or install specli with its [demo] extra)"
+            "the demo pair is written by specli-synth, which is not installed: run `pip install -e ./synth` "
+            "in specli's repository"
         ) from None
     return DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
 
 
-@app.command("demo-models")
+@app.command("demo-models", cls=_Command)
 def demo_models(
     directory: Path = typer.Argument(Path("demo-models"), metavar="DIR", help="Where to write the pair."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if the files exist."),
@@ -743,7 +787,7 @@ GEMMA_DEMO_PROMPT = (
 SYNTHETIC_DEMO_PROMPT = "The function returns"
 
 
-@app.command()
+@app.command(cls=_Command)
 def demo(
     context: typer.Context,
     prompt: str | None = typer.Argument(
@@ -799,6 +843,7 @@ def _gemma_demo(gemma: Path, prompt: str, flags: dict, err: Console) -> None:
         tokens = spec.tokenize(valid_text(prompt, "the prompt"))
         params = plan.settings.generation_params()
         mode = "terminal" if out.is_terminal else "pipe"
+        share = CpuShare().__enter__()  # over both timed runs, the speculative one and plain decoding's
         generation = _stream(spec, tokens, params, mode, out, show_rejected=True, prompt_text=prompt)
         stats = generation.stats
         if stats.stop_reason == "interrupted":
@@ -811,13 +856,57 @@ def _gemma_demo(gemma: Path, prompt: str, flags: dict, err: Console) -> None:
         with err.status(Text("timing plain decoding of the same text for comparison")):
             same_length = replace(params, max_tokens=max(stats.n_generated, 1))
             baseline = plain.generate(tokens, same_length).complete()
+        share.__exit__()
         spec_rate, plain_rate = stats.tokens_per_second, baseline.stats.tokens_per_second
         if spec_rate and plain_rate:
+            drafted = (f"{stats.accepted} of {stats.drafted} drafted tokens accepted" if stats.drafted else
+                       "nothing was drafted: the text gave n-gram lookup nothing to copy")
             err.print(Text.assemble(
                 ("speculative ", "bold"), f"{spec_rate:.1f} tok/s vs plain {plain_rate:.1f} tok/s: ",
                 (f"{spec_rate / plain_rate:.2f}×", "bold green" if spec_rate > plain_rate else "bold yellow"),
-                f" ({stats.accepted} of {stats.drafted} drafted tokens accepted)",
+                f" ({drafted})",
             ), soft_wrap=True)
+        busy = share.busy(spec.target.n_threads)
+        if busy is not None:
+            err.print(Text.assemble(("note: ", "yellow"), busy), soft_wrap=True)
+    err.print(Text.assemble(("model: ", "dim"), str(gemma)), soft_wrap=True)
+    err.print(Text.assemble(("next:  ", "dim"), f'specli run --target {gemma} --draft ngram "your text"'),
+              soft_wrap=True)
+    err.print(Text.assemble(("       ", "dim"), f"specli serve --target {gemma} --draft ngram"),
+              soft_wrap=True)
+
+
+class CpuShare:
+    """How much of the machine this process got while a timed block ran: its CPU time over the wall
+    time its threads could have used. Well below 1, other programs were taking the cores, and the
+    rates measured meanwhile say more about them than about speculation."""
+
+    BUSY_BELOW = 0.7
+
+    def __enter__(self) -> CpuShare:
+        import time
+
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import time
+
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+    def busy(self, threads: int) -> str | None:
+        """A note when the process got less than BUSY_BELOW of its threads' time, else None."""
+        from specli.settings import usable_cores
+
+        usable = max(1, min(threads, usable_cores()))
+        share = self.cpu / (self.wall * usable) if self.wall > 0 else 1.0
+        if share >= self.BUSY_BELOW:
+            return None
+        load = ""
+        if hasattr(os, "getloadavg"):
+            load = f", load average {os.getloadavg()[0]:.1f} on {usable_cores()} cores"
+        return (f"the machine was busy ({share:.0%} of {usable} cores' time went to specli{load}): these "
+                "rates are not what it does when quiet; run it again when it is")
 
 
 def _synthetic_demo(directory: Path, prompt: str, flags: dict) -> None:

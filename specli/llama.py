@@ -158,6 +158,26 @@ def _int_or(text: str | None, default: int) -> int:
         return default
 
 
+def builtin_chat_template(name: str, messages: Sequence[tuple[str, str]], add_generation_prompt: bool) -> str:
+    """`messages` (role, content) rendered in llama.cpp's own built-in chat format `name` (`gemma`,
+    `llama3`, `chatml` ...: llama_chat_builtin_templates); LlamaError for a name llama.cpp does not
+    know. Nothing is added for BOS: the tokenizer adds it."""
+    chat = (llc.llama_chat_message * max(1, len(messages)))()
+    encoded = [(role.encode(), content.encode()) for role, content in messages]  # kept alive for the call
+    for i, (role, content) in enumerate(encoded):
+        chat[i].role, chat[i].content = role, content
+    size = 256 + 2 * sum(len(r) + len(c) for r, c in encoded)
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = llc.llama_chat_apply_template(name.encode(), chat, len(encoded), add_generation_prompt, buf, size)
+        if n < 0:
+            raise LlamaError(f"llama.cpp has no built-in chat format {name!r}")
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", errors="replace")
+        size = n + 1
+    raise LlamaError(f"llama.cpp's chat format {name!r} did not fit {size} bytes")
+
+
 # -- the model -----------------------------------------------------------------------------------------
 
 
@@ -347,11 +367,6 @@ class Model:
         """The deepest rollback a verify round may need: a transformer's cache drops any suffix; a
         recurrent/hybrid model's state goes back at most rs_seq positions (0: not at all)."""
         return self.rs_seq if self._recurrent else self.n_ctx
-
-    @property
-    def snapshot_room(self) -> int:
-        """Positions truncate() can drop through state snapshots right now (recurrent models)."""
-        return self._rollback_room
 
     @property
     def n_layer_nextn(self) -> int:

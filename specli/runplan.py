@@ -75,12 +75,9 @@ def validated(path: Path, *, speculative_target: bool = False) -> Path:
         raise ValueError(f"{path.name} is a diffusion model ({info.architecture}): it does not generate one "
                          "token after another, so there is nothing for specli to decode or speculate on")
     if speculative_target and info.is_recurrent and info.architecture not in ROLLBACK_ARCHITECTURES:
-        # The engine's own refusal (SpeculativeEngine), said before the model is loaded.
-        raise ValueError(
-            f"{path.name} is a recurrent/hybrid model ({info.architecture}) whose state this llama.cpp "
-            "cannot roll back past a rejected draft, so speculative decoding is not possible; run with "
-            "--no-draft"
-        )
+        from specli.engine import cannot_roll_back
+
+        raise ValueError(cannot_roll_back(path.name, info.architecture))  # the engine's, before loading
     return path
 
 
@@ -115,6 +112,12 @@ def plan_run(
     else:
         resolved = cfg.resolve(target)
         target_path, default_draft, name = resolved.path, resolved.draft, resolved.name
+        changed = [f"{key} = {value!r}" for key, value in resolved.settings.items()
+                   if key not in (flags or {}) and key not in resolved.problems
+                   and value != getattr(settings, key)]
+        if changed:  # models.toml outranks the command's own defaults: never silently
+            notes.append(f"{_shown(found)} sets {', '.join(changed)} (its [defaults] and the model's "
+                         "table outrank the command's defaults; flags outrank both)")
         settings = settings.merged(resolved.settings)
         unused = UNUSED_BY_COMMAND.get(command, frozenset())
         for setting, error in resolved.problems.items():
@@ -145,6 +148,16 @@ def plan_run(
         plan.notes.append("the draft is the target itself: every draft is accepted, but drafting costs as "
                           "much as verifying, so this cannot be faster")
     return plan
+
+
+def _shown(path: Path | None) -> str:
+    """A config path as the user would write it: relative to the working directory when inside it."""
+    if path is None:
+        return "models.toml"
+    try:
+        return f"./{path.resolve().relative_to(Path.cwd().resolve())}"
+    except ValueError:
+        return str(path)
 
 
 def _is_path(text: str) -> bool:

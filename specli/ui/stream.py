@@ -92,17 +92,32 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
+def length_bins(longest: int) -> list[tuple[int, int]]:
+    """The rows of the accepted-drafts histogram: one per length up to 4, then doubling ranges (5-8,
+    9-16, 17-32, 33-64), so a run whose rounds accepted up to 64 drafts takes 8 rows, not 65."""
+    bins = [(n, n) for n in range(min(longest, 4) + 1)]
+    low = 5
+    while low <= longest:
+        bins.append((low, min(2 * (low - 1), longest)))
+        low = 2 * (low - 1) + 1
+    return bins
+
+
 def histogram(stats: GenerationStats, width: int = 30) -> Table:
-    """Accepted drafts per round: how often each length occurred."""
+    """Accepted drafts per round: how often each length (or range of lengths) occurred."""
     table = Table.grid(padding=(0, 1))
     counts = stats.accepted_per_round
     if not counts:
         return table
-    top = max(counts.values())
-    for n in range(0, max(counts) + 1):
-        c = counts.get(n, 0)
+    rows = [(low, high, sum(c for n, c in counts.items() if low <= n <= high))
+            for low, high in length_bins(max(counts))]
+    top = max(c for _, _, c in rows)
+    label_width = len(str(rows[-1][1])) * 2 + 1
+    for low, high, c in rows:
         bar = "█" * max(1 if c else 0, round(width * c / top))
-        table.add_row(Text(f"{n:>2}", style="dim"), Text(bar, style="green" if n else "yellow"), Text(str(c)))
+        label = str(low) if low == high else f"{low}-{high}"
+        table.add_row(Text(label.rjust(label_width), style="dim"),
+                      Text(bar, style="green" if high else "yellow"), Text(str(c)))
     return table
 
 

@@ -16,6 +16,7 @@ const state = {
   completionId: null, // the running reply's id, for the stop button
   controller: null,
   stopping: false,
+  modeChosen: false,  // the user picked a mode: a base model's default ("continue text") stays out of it
 };
 
 function headers() {
@@ -59,9 +60,24 @@ async function loadProps() {
   showProps(state.props);
 }
 
+// What a base model continues well: a text that repeats itself, where n-gram lookup drafts long runs.
+const EXAMPLE = "Day 1: I woke up at seven, made coffee, fed the cat, read the news, walked to the station, took the "
+  + "train to the office, answered my email, ate lunch at noon and took the train home.\n"
+  + "Day 2: I woke up at seven, made coffee, fed the cat, read the news, walked to the station, took the "
+  + "train to the office, answered my email, ate lunch at noon and took the train home.\nDay 3:";
+
 function showProps(props) {
   const drafter = props.drafter ? (props.draft ? props.draft : props.drafter) : "no draft";
   $("model").textContent = props.model + " · " + drafter + " · context " + props.n_ctx;
+  // A GGUF without a chat template is most likely a base model: it continues text rather than answering.
+  if (props.base_model) {
+    $("base-text").textContent = props.model + " has no chat template, as base models (not tuned to chat) "
+      + "usually do: it continues text rather than answering questions. In \u201ccontinue text\u201d mode it "
+      + "carries on what you write; chat mode uses " + props.chat_template + ".";
+    $("base-note").hidden = false;
+    if (!state.modeChosen) $("mode").value = "continue";
+  }
+  updateMode();
   const d = props.defaults;
   if ($("temperature").value === "") $("temperature").placeholder = d.temperature;
   if ($("draft-max").value === "") $("draft-max").placeholder = d["speculative.n_max"];
@@ -168,13 +184,24 @@ function statsLine(timings, figures) {
   return parts.join(" · ");
 }
 
-function requestBody() {
+function continuing() {
+  return $("mode").value === "continue";
+}
+
+function updateMode() {
+  $("message").placeholder = continuing()
+    ? "Text for the model to continue (Enter sends, Shift+Enter for a new line)"
+    : "Message (Enter sends, Shift+Enter for a new line)";
+}
+
+function requestBody(prompt) {
   const body = {
     model: state.props ? state.props.model : "specli",
-    messages: state.messages,
     stream: true,
     stream_options: {include_usage: true},
   };
+  if (prompt === undefined) body.messages = state.messages;
+  else body.prompt = prompt;
   const temperature = $("temperature").value.trim();
   if (temperature !== "") body.temperature = Number(temperature);
   const k = $("draft-max").value.trim();
@@ -185,7 +212,8 @@ function requestBody() {
 }
 
 async function send(text) {
-  state.messages.push({role: "user", content: text});
+  const prompt = continuing() ? text : undefined;  // continue text: one completion, no conversation
+  if (prompt === undefined) state.messages.push({role: "user", content: text});
   addTurn("user", text);
   const turn = addTurn("assistant", "");
   const reply = turn.querySelector(".reply");
@@ -196,8 +224,9 @@ async function send(text) {
   let finished = false;
   state.controller = new AbortController();
   try {
-    const response = await fetch("/v1/chat/completions", {
-      method: "POST", headers: headers(), body: JSON.stringify(requestBody()), signal: state.controller.signal,
+    const route = prompt === undefined ? "/v1/chat/completions" : "/v1/completions";
+    const response = await fetch(route, {
+      method: "POST", headers: headers(), body: JSON.stringify(requestBody(prompt)), signal: state.controller.signal,
     });
     if (!response.ok) {
       const error = await response.json().catch(() => ({error: {message: response.statusText}}));
@@ -208,9 +237,10 @@ async function send(text) {
       if (chunk.error) throw new Error(chunk.error.message);
       if (chunk.id) state.completionId = chunk.id;
       const choice = chunk.choices && chunk.choices[0];
-      if (choice && choice.delta && choice.delta.content) {
-        content += choice.delta.content;
-        appendToken(reply, choice.delta.content, chunk.origin, chunk.drafter);
+      const piece = choice ? (choice.delta ? choice.delta.content : choice.text) : "";
+      if (piece) {
+        content += piece;
+        appendToken(reply, piece, chunk.origin, chunk.drafter);
       }
       if (chunk.timings) {
         flushTokens();
@@ -232,7 +262,8 @@ async function send(text) {
     flushTokens();
     reply.classList.remove("waiting");
     // The reply, also a stopped one, is part of the conversation (as in `specli chat`).
-    if (content || finished) state.messages.push({role: "assistant", content: content});
+    if (prompt !== undefined) { /* continue text: nothing to keep */ }
+    else if (content || finished) state.messages.push({role: "assistant", content: content});
     else state.messages.pop();  // nothing came back: the next message is sent without this one
     state.completionId = null;
     state.controller = null;
@@ -306,6 +337,16 @@ $("message").addEventListener("keydown", (event) => {
   }
 });
 $("stop").addEventListener("click", stop);
+$("mode").addEventListener("change", () => {
+  state.modeChosen = true;
+  updateMode();
+});
+$("example").addEventListener("click", () => {
+  $("mode").value = "continue";
+  updateMode();
+  $("message").value = EXAMPLE;
+  $("message").focus();
+});
 $("new-chat").addEventListener("click", () => {
   if (state.busy) return;
   state.messages = [];

@@ -1,7 +1,7 @@
 """Two revisions of specli side by side: `specli run --json` of each, interleaved, on the same model,
 prompts and settings; median tokens/s of each and the median of per-pair ratios (new / old).
 
-    python examples/ab_revisions.py --old REV [--new REV|worktree] --target T.gguf [--draft D|ngram]
+    python lab/ab_revisions.py --old REV [--new REV|worktree] --target T.gguf [--draft D|ngram]
         [--temp 0,0.8] [-k auto] [--prompt NAME ... | --token-prompt NAME=IDS.json ...] [-n 256]
         [--repeat 4] [-t 2] [--no-cache | --pin-costs DIR] [--json out.json]
 

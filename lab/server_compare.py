@@ -1,12 +1,12 @@
 """specli (local, in-process) against llama-server with the same pair and settings, single client.
 
 For each setup, starts llama-server with exactly the flags `specli export --to llama-server` prints (the
-llama-server that examples/build_llama_tools.sh --with-server builds from the llama.cpp specli runs on),
+llama-server that lab/build_llama_tools.sh --with-server builds from the llama.cpp specli runs on),
 on 127.0.0.1 and a free port, then runs `specli bench --server`: every local plain/speculative pair is
 followed by the same request (prompt, seed, temperature, -n) to the server, so drift hits all three
 alike. Prints one markdown table of medians from the bench's JSON.
 
-    python examples/server_compare.py [--setups ngram,draft] [-k 4] [--temps 0,0.8] [-n 128] [--repeat 3]
+    python lab/server_compare.py [--setups ngram,draft] [-k 4] [--temps 0,0.8] [-n 128] [--repeat 3]
 
 Setups: `ngram`: Gemma 3 270M Q4_K_M with n-gram lookup (the `gemma` extra); `draft`: the demo pair
 (`specli demo-models DIR`, --demo-dir). Needs llama-server (skips a setup whose models are missing).
@@ -98,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     server_bin = find_tool("llama-server")
     if server_bin is None:
-        raise SystemExit("llama-server not found: bash examples/build_llama_tools.sh --with-server")
+        raise SystemExit("llama-server not found: bash lab/build_llama_tools.sh --with-server")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for setup in args.setups.split(","):

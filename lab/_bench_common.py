@@ -30,7 +30,7 @@ def gemma_path() -> Path | None:
 
 
 def tools_dir() -> Path:
-    """Where examples/build_llama_tools.sh puts llama.cpp's binaries."""
+    """Where lab/build_llama_tools.sh puts llama.cpp's binaries."""
     cache = os.environ.get("SPECLI_LLAMA_TOOLS") or str(Path.home() / ".cache" / "specli" / "llama-tools")
     return Path(cache).expanduser() / "bin"
 

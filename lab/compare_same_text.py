@@ -1,6 +1,6 @@
 """specli's n-gram drafting against one llama-server type on the very same sampled texts.
 
-    python examples/compare_same_text.py [--target T.gguf] [--type ngram-simple] [--prompt copy-edit]
+    python lab/compare_same_text.py [--target T.gguf] [--type ngram-simple] [--prompt copy-edit]
         [--temp 0.8] [-n 256] [--repeat 20] [--seed 1000] [--settle 2] [--json out.json]
 
 At a temperature above 0 each side of compare_llama_server.py samples its own text with its own

@@ -1,8 +1,8 @@
 """What a verify batch costs as the context grows: the target's decode of m tokens (logits for every row,
 as a verify asks) after L tokens already in its cache, for several m and L. This is what specli's cost
-model (specli.costs.attention_slopes) fits from the rounds it runs; docs/performance.md quotes a run.
+model (specli.costs.attention_slopes) fits from the rounds it runs; lab/history.md quotes a run.
 
-    python examples/verify_cost_by_length.py MODEL.gguf [--sizes 1,2,4,8] [--lengths 16,512,2048]
+    python lab/verify_cost_by_length.py MODEL.gguf [--sizes 1,2,4,8] [--lengths 16,512,2048]
         [-t 2] [--repeats 7]
 
 Each cell is the median of `--repeats` decodes after one untimed one (the first decode of a size

@@ -1,6 +1,6 @@
 """Write a large-vocabulary target and a weak draft (Q8_0), for measuring where speculation cannot pay.
 
-    python examples/build_large_vocab_pair.py DIR [--vocab 151936] [--agreement 0.55]
+    python lab/build_large_vocab_pair.py DIR [--vocab 151936] [--agreement 0.55]
 
 The target has Qwen2-0.5B's shape (896 wide, 24 layers, 14 query / 2 KV heads, FFN 4864) and a
 151,936-token vocabulary (Qwen2's size), ~630M weights in Q8_0; the draft is 128 wide with 2 layers

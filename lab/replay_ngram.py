@@ -1,9 +1,9 @@
 """Replay n-gram lookup's draft policy over recorded texts, without noise: a change to the policy or
 the drafter judged on the same texts in seconds instead of a benchmark's minutes of lottery.
 
-    python examples/replay_ngram.py record --target T.gguf --prompt copy-edit --temp 0.8 \\
+    python lab/replay_ngram.py record --target T.gguf --prompt copy-edit --temp 0.8 \\
         --seed 1000 --count 60 [-n 256] --out texts.json
-    python examples/replay_ngram.py replay texts.json [--root DIR ...] [--carry] [--oracle] [--branches]
+    python lab/replay_ngram.py replay texts.json [--root DIR ...] [--carry] [--oracle] [--branches]
         [--ngram-simple] [--json F]
 
 Why it is exact: with a seed and same-as-plain verification (specli's default), the tokens a
