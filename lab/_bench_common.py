@@ -35,15 +35,25 @@ def tools_dir() -> Path:
     return Path(cache).expanduser() / "bin"
 
 
+# Layers offloaded to a GPU, on both sides alike (specli's n_gpu_layers, the tools' -ngl and -ngld): the
+# environment's SPECLI_LAB_GPU_LAYERS (99 or -1: all), 0 on a CPU. lab/device_check.sh sets it.
+GPU_LAYERS = int(os.environ.get("SPECLI_LAB_GPU_LAYERS") or 0)
+
+
 def no_repack_flags(tool: str) -> list[str]:
-    """llama.cpp's flags for loading weights as specli does (llama.ModelOptions.repack): no repacking
-    on CPUs with AMX, where llama.cpp's AMX kernels crash on batches (specli.llama.cpu_has_amx);
-    nothing elsewhere. llama-bench spells it `--repack 0`, the other tools `--no-repack`."""
+    """llama.cpp's flags for loading weights as specli does: no repacking on CPUs with AMX, where
+    llama.cpp's AMX kernels crash on batches (specli.llama.cpu_has_amx; llama-bench spells it
+    `--repack 0`, the other tools `--no-repack`), and GPU_LAYERS offloaded (the draft's too)."""
     from specli.llama import cpu_has_amx
 
-    if not cpu_has_amx():
-        return []
-    return ["--repack", "0"] if tool == "llama-bench" else ["--no-repack"]
+    flags = []
+    if cpu_has_amx():
+        flags += ["--repack", "0"] if tool == "llama-bench" else ["--no-repack"]
+    if GPU_LAYERS:
+        flags += ["-ngl", str(GPU_LAYERS)]
+        if tool in ("llama-speculative-simple", "llama-speculative", "llama-server"):
+            flags += ["-ngld", str(GPU_LAYERS)]
+    return flags
 
 
 def find_tool(name: str, directory: Path | None = None) -> Path | None:

@@ -57,6 +57,7 @@ import llama_cpp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
     GEMMA_HINT,
+    GPU_LAYERS,
     find_tool,
     gemma_path,
     no_repack_flags,
@@ -135,7 +136,7 @@ def specli_run(target: str, draft: str, prompt: str, n: int, temp: float, seed: 
     proc = subprocess.run(
         [sys.executable, "-m", "specli.cli", "run", "--target", target, "--draft", draft, "-n", str(n),
          "--temp", str(temp), "-s", str(seed), "--ignore-eos", "-t", str(threads), "-c", str(ctx),
-         "--json", prompt],
+         "-ngl", str(GPU_LAYERS), "--json", prompt],
         capture_output=True, text=True, timeout=900,
     )
     if proc.returncode:
@@ -152,10 +153,10 @@ _SPECLI_FROM_TOKENS = """
 import json, sys
 from specli.api import load
 from specli.settings import RunSettings
-target, draft, ids, n, temp, seed, threads, ctx, extra = json.loads(sys.argv[1])
+target, draft, ids, n, temp, seed, threads, ctx, extra, gpu_layers = json.loads(sys.argv[1])
 BEFORE
 settings = RunSettings(max_tokens=n, temp=temp, seed=seed, ignore_eos=True, threads=threads, ctx=ctx)
-with load(target, draft, n_ctx=ctx, n_threads=threads) as spec:
+with load(target, draft, n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers) as spec:
     generation = spec.generate(ids, settings.generation_params())
     generation.complete()
     print(json.dumps({**generation.stats.as_dict(), "tokens": list(generation.tokens)}))
@@ -164,7 +165,7 @@ with load(target, draft, n_ctx=ctx, n_threads=threads) as spec:
 
 def specli_tokens(target: str, draft: str, ids: list[int], n: int, temp: float, seed: int, threads: int,
                   ctx: int, before: str = "", extra: object = None) -> dict:
-    args = json.dumps([target, draft, ids, n, temp, seed, threads, ctx, extra])
+    args = json.dumps([target, draft, ids, n, temp, seed, threads, ctx, extra, GPU_LAYERS])
     code = _SPECLI_FROM_TOKENS.replace("BEFORE", before)
     proc = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, timeout=900)
     if proc.returncode:

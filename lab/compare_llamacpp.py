@@ -42,7 +42,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import GEMMA_HINT, find_tool, gemma_path, no_repack_flags, tools_dir  # noqa: E402
+from _bench_common import (  # noqa: E402
+    GEMMA_HINT,
+    GPU_LAYERS,
+    find_tool,
+    gemma_path,
+    no_repack_flags,
+    tools_dir,
+)
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
 from specli.api import Speculator  # noqa: E402
@@ -294,7 +301,7 @@ def compare_plain(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
     ref = Row("plain", name, "-", "llama-bench tg (no sampling)")
     if bench is None:
         ref.note = "skipped: llama-bench not found (run lab/build_llama_tools.sh)"
-    spec = load(model, None, n_ctx=args.ctx, n_threads=args.threads)
+    spec = load(model, None, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
     try:
         prompt = spec.tokenize(PLAIN_PROMPT)
         warm_up(spec, prompt)
@@ -336,8 +343,8 @@ def compare_ngram(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
     lookup = find_tool("llama-lookup", tools)
     name = model.name
     rows: list[Row] = []
-    ngram = load(model, "ngram", n_ctx=args.ctx, n_threads=args.threads)
-    plain = load(model, None, n_ctx=args.ctx, n_threads=args.threads)
+    ngram = load(model, "ngram", n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
+    plain = load(model, None, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
     greedy = SamplingParams(temperature=0.0)
     try:
         warm_up(plain, plain.tokenize(PLAIN_PROMPT))
@@ -388,7 +395,7 @@ def compare_draft(target: Path, draft: Path, args: argparse.Namespace, tools: Pa
     name = f"{target.name} + {draft.name}"
     greedy = SamplingParams(temperature=0.0)
     rows: list[Row] = []
-    spec = load(target, draft, n_ctx=args.ctx, n_threads=args.threads)
+    spec = load(target, draft, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
     try:
         warm_up(spec, spec.tokenize(PLAIN_PROMPT), "auto")
         for kind in ("copy-edit", "code"):

@@ -82,19 +82,21 @@ def load(
     n_gpu_layers: int = 0,
     draft_p_min: float = 0.0,
     ngram: bool = False,
+    batch_invariant: bool = True,
 ) -> Speculator:
     """Load a target and optionally a drafter.
 
     draft: a GGUF path (a draft model), "ngram" (prompt lookup, no model), "mtp" (self-drafting from
     the target's own MTP layers; ValueError when its GGUF has none), or None (plain decoding); the
     names are specli.drafters.registry's. ngram=True with a draft model: combined drafting (n-gram
-    matches first, the model otherwise).
+    matches first, the model otherwise). batch_invariant: arithmetic that gives a token the same logits
+    in any batch (specli.llama), so speculation prints plain decoding's tokens on any quantization.
     """
     kind = drafter_kind(draft)
     # Without a drafter nothing rolls back: a recurrent target needs no state snapshots (each one is
     # a copy of the whole recurrent state, ~50 MB on a 9B Qwen3.5).
     opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                        load_mtp=kind is not None and kind.loads_target_mtp,
+                        batch_invariant=batch_invariant, load_mtp=kind is not None and kind.loads_target_mtp,
                         **({"max_rollback": 0} if kind is None else {}))
     target_model = Model(target, opts)
     drafter: Drafter | None = None

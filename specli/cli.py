@@ -126,6 +126,7 @@ TopPOpt = setting_option("top_p")
 MinPOpt = setting_option("min_p")
 SeedOpt = setting_option("seed", "-s", "--seed")
 SameAsPlainOpt = setting_option("same_as_plain", "--same-as-plain/--no-same-as-plain")
+BatchInvariantOpt = setting_option("batch_invariant", "--batch-invariant/--no-batch-invariant")
 ThreadsOpt = setting_option("threads", "-t", "--threads")
 GpuLayersOpt = setting_option("gpu_layers", "-ngl", "--gpu-layers")
 VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's own log.")
@@ -187,6 +188,7 @@ def run(
     min_p: str | None = MinPOpt,
     seed: str | None = SeedOpt,
     same_as_plain: bool | None = SameAsPlainOpt,
+    batch_invariant: bool | None = BatchInvariantOpt,
     ctx: str | None = setting_option("ctx", "-c", "--ctx"),
     threads: str | None = ThreadsOpt,
     gpu_layers: str | None = GpuLayersOpt,
@@ -310,6 +312,7 @@ def bench(
     seed: str | None = setting_option("seed", "-s", "--seed", command="bench",
                                       help="Seed of the first pair (pairs share a seed; -1: random)."),
     same_as_plain: bool | None = SameAsPlainOpt,
+    batch_invariant: bool | None = BatchInvariantOpt,
     ctx: str | None = setting_option("ctx", "-c", "--ctx", command="bench"),
     threads: str | None = ThreadsOpt,
     gpu_layers: str | None = GpuLayersOpt,
@@ -453,6 +456,7 @@ def chat(
         help="Random seed of the first reply (reply i uses seed + i; -1: random).",
     ),
     same_as_plain: bool | None = SameAsPlainOpt,
+    batch_invariant: bool | None = BatchInvariantOpt,
     ctx: str | None = setting_option("ctx", "-c", "--ctx", command="chat"),
     threads: str | None = ThreadsOpt,
     gpu_layers: str | None = GpuLayersOpt,
@@ -540,6 +544,7 @@ def serve(
         "seed", "-s", "--seed", command="serve", help="Seed of every request that gives none (-1: random)."
     ),
     same_as_plain: bool | None = SameAsPlainOpt,
+    batch_invariant: bool | None = BatchInvariantOpt,
     ctx: str | None = setting_option("ctx", "-c", "--ctx", command="serve"),
     threads: str | None = ThreadsOpt,
     gpu_layers: str | None = GpuLayersOpt,
@@ -627,6 +632,7 @@ def export(
     min_p: str | None = MinPOpt,
     seed: str | None = SeedOpt,
     same_as_plain: bool | None = SameAsPlainOpt,
+    batch_invariant: bool | None = BatchInvariantOpt,
     ctx: str | None = setting_option("ctx", "-c", "--ctx"),
     threads: str | None = ThreadsOpt,
     gpu_layers: str | None = GpuLayersOpt,

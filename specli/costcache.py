@@ -53,7 +53,7 @@ def identity(target: Model, drafter: Drafter | None) -> dict:
         except OSError:
             file = [str(m.path), None, None]
         return {"file": file, "threads": m.n_threads, "gpu_layers": m.options.n_gpu_layers,
-                "repack": repacks(m.options)}
+                "repack": repacks(m.options), "batch_invariant": m.options.batch_invariant}
 
     return {
         "format": FORMAT,

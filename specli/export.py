@@ -23,7 +23,7 @@ from typing import Any
 
 from specli.drafters.ngram import LONG_N
 from specli.drafters.registry import NGRAM_LOOKUP, DrafterKind, drafter_kind
-from specli.llama import cpu_has_amx
+from specli.llama import TILED_MM_VARIABLE, cpu_has_amx
 from specli.settings import AUTO, MAX_DRAFT_K, RunSettings, UsageProblem
 
 ENGINES = ("llama-server", "vllm", "sglang")
@@ -56,10 +56,11 @@ class Export:
     k: int = DEFAULT_EXPORT_K
     k_source: str = ""  # where k came from: "-k", "--from-bench FILE", "default"
     head: int = 1  # argv words of the program itself ("vllm serve MODEL"), kept on the first line
+    env: dict[str, str] = field(default_factory=dict)  # variables set for the program
 
     def shell(self) -> str:
         """The command, quoted for a POSIX shell, one option (and its value) per line."""
-        lines: list[list[str]] = [self.argv[:self.head]]
+        lines: list[list[str]] = [[f"{k}={v}" for k, v in self.env.items()] + self.argv[:self.head]]
         for arg in self.argv[self.head:]:
             if arg.startswith("-") and not _is_number(arg):
                 lines.append([arg])
@@ -68,8 +69,8 @@ class Export:
         return " \\\n    ".join(" ".join(shlex.quote(a) for a in line) for line in lines)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "argv": self.argv, "command": self.shell(), "notes": self.notes,
-                "k": self.k, "k_source": self.k_source}
+        return {"engine": self.engine, "argv": self.argv, "env": self.env, "command": self.shell(),
+                "notes": self.notes, "k": self.k, "k_source": self.k_source}
 
 
 def _is_number(text: str) -> bool:
@@ -157,13 +158,22 @@ def build_export(spec: ExportInput, engine: str, *, bench_file: Path | None = No
     argv, engine_notes = build(spec, drafter, k, host, port)
     notes += engine_notes
     head = {"llama-server": 1, "vllm": 3, "sglang": 3}[engine]
+    env = _environment(engine, spec.settings)
     if spec.settings.same_as_plain and drafter is not None:
         notes.append("--same-as-plain (a seeded speculative run prints exactly the plain run's tokens) "
                      "exists nowhere else: the engine keeps the target's distribution at best, not its "
                      "seeded sequence")
     notes.append("per request, not on the command line: max_tokens (specli's -n "
                  f"{spec.settings.max_tokens}), stop texts, and any sampling a client sets itself")
-    return Export(engine, argv, notes, k, k_source, head)
+    return Export(engine, argv, notes, k, k_source, head, env)
+
+
+def _environment(engine: str, s: RunSettings) -> dict[str, str]:
+    """The variables the engine runs with: its batch-invariant mode where it has one in the environment
+    (llama.cpp's CPU backend, vLLM), for specli's --batch-invariant."""
+    if not s.batch_invariant:
+        return {}
+    return {"llama-server": {TILED_MM_VARIABLE: "0"}, "vllm": {"VLLM_BATCH_INVARIANT": "1"}}.get(engine, {})
 
 
 @dataclass(frozen=True)
@@ -215,10 +225,19 @@ def _llama_server(spec: ExportInput, drafter: Drafting | None, k: int, host: str
         argv += ["-t", str(s.threads)]
     else:
         notes.append("threads: specli uses one per core; llama-server picks its own default (add -t N)")
+    if s.batch_invariant or cpu_has_amx():
+        argv += ["--no-repack"]
+    if s.batch_invariant:
+        # As specli loads models (llama.py, batch-invariant arithmetic): no tiled K-quant matmul (the
+        # environment, _environment), no repacked weights, a BF16 cache on the CPU.
+        argv += ["-ctk", "bf16", "-ctv", "bf16"] if s.gpu_layers == 0 else []
+        notes.append(f"batch-invariant arithmetic ({TILED_MM_VARIABLE}=0, --no-repack"
+                     + (", -ctk/-ctv bf16" if s.gpu_layers == 0 else "") + "): a token's logits do not "
+                     "depend on the batch it is computed in, as in specli; for llama.cpp's fastest prompt "
+                     "evaluation drop them (specli's --no-batch-invariant)")
     if cpu_has_amx():
         # As specli loads models here (llama.ModelOptions.repack): repacked weights run llama.cpp's AMX
         # kernels, which crash on every multi-token batch on some Xeons.
-        argv += ["--no-repack"]
         notes.append("--no-repack: this CPU has AMX, whose llama.cpp kernels (used by repacked weights) "
                      "crash on some Xeons (llama.cpp issue #20824); drop it on a machine where they work")
     argv += ["--temp", f"{s.temp:g}", "--top-k", str(s.top_k), "--top-p", f"{s.top_p:g}",
@@ -274,6 +293,9 @@ def _vllm(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
     s = spec.settings
     target, draft, notes = _hf(spec, "vLLM")
     argv = ["vllm", "serve", target]
+    if s.batch_invariant:
+        notes.append("VLLM_BATCH_INVARIANT=1: vLLM's batch-invariant kernels, the counterpart of specli's "
+                     "--batch-invariant (on the GPUs and attention backends vLLM supports it on)")
     method = drafter.kind.equivalents.vllm if drafter is not None else None
     if method is not None:
         config: dict[str, Any] = {"method": method}
@@ -305,6 +327,10 @@ def _sglang(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
     s = spec.settings
     target, draft, notes = _hf(spec, "SGLang")
     argv = ["python", "-m", "sglang.launch_server", "--model-path", target]
+    if s.batch_invariant:
+        argv += ["--enable-deterministic-inference"]
+        notes.append("--enable-deterministic-inference: SGLang's batch-invariant mode, the counterpart of "
+                     "specli's --batch-invariant (FlashInfer, FA3 and Triton attention backends)")
     algorithm = drafter.kind.equivalents.sglang if drafter is not None else None
     if algorithm is not None:
         argv += ["--speculative-algorithm", algorithm]

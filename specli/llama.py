@@ -95,6 +95,39 @@ def _ensure_backend() -> None:
         _backend_ready = True
 
 
+# -- batch-invariant arithmetic ------------------------------------------------------------------------
+
+# llama.cpp computes a token's logits in a batch with other kernels than alone, and on K-quants they
+# round differently, so greedy speculation could part from plain decoding, a seeded run could print
+# another text when -k auto chose other batch sizes, and a server's cached prefix (computed in other
+# batch shapes) could change a seeded reply. Measured on the vendored llama.cpp's CPU backend (docs/
+# exactness.md), three paths depend on the batch: (1) the tiled K-quant matmul, taken for 8 rows or
+# more (ggml-cpu tiled.cpp: `rows >= 8`), sums in another order than the one-row dot product: the
+# environment variable GGML_CPU_TILED_MM=0, read once per process, turns it off; (2) repacked weights
+# (GEMM for groups of 4 rows, GEMV for the rest): not repacked; (3) flash attention of one query over
+# an F16/F32 cache of 512 cells or more splits the cache across the threads and merges the parts
+# (ops.cpp), a batch does not: a BF16 cache takes neither path. With all three every row is
+# bit-identical whatever the batch, the chunking of the prompt and the thread count.
+TILED_MM_VARIABLE = "GGML_CPU_TILED_MM"
+GGML_TYPE_BF16 = 30
+
+
+_decoded = False  # a decode has run in this process: ggml has read TILED_MM_VARIABLE
+
+
+def tiled_matmul_off() -> bool:
+    """Whether this process runs without the tiled K-quant matmul."""
+    return os.environ.get(TILED_MM_VARIABLE) == "0"
+
+
+def _choose_tiled_matmul(batch_invariant: bool) -> None:
+    """Turn the tiled matmul off for batch invariance before the process's first decode (ggml reads the
+    variable once, at its first matmul: every model of the process shares the choice; a value the user
+    set stays)."""
+    if batch_invariant and not _decoded and TILED_MM_VARIABLE not in os.environ:
+        os.environ[TILED_MM_VARIABLE] = "0"
+
+
 def default_threads() -> int:
     """Threads for decoding: the cores this process may use, halved on big machines whose logical
     cores are mostly SMT siblings (oversubscribing physical cores slows llama.cpp down)."""
@@ -135,8 +168,17 @@ def cpu_has_amx() -> bool:
 
 
 def repacks(opts: ModelOptions) -> bool:
-    """Whether llama.cpp repacks the weights of a model loaded with `opts`."""
-    return opts.repack if opts.repack is not None else not cpu_has_amx()
+    """Whether llama.cpp repacks the weights of a model loaded with `opts`: never for batch-invariant
+    arithmetic or on CPUs with AMX, unless asked to."""
+    if opts.repack is not None:
+        return opts.repack
+    return not opts.batch_invariant and not cpu_has_amx()
+
+
+def batch_invariant_cache(opts: ModelOptions) -> bool:
+    """Whether the KV cache is BF16 (batch-invariant arithmetic on the CPU; a GPU's attention kernels
+    are its own, and llama.cpp's default cache type is left to it there)."""
+    return opts.batch_invariant and opts.n_gpu_layers == 0
 
 
 def available_memory() -> int | None:
@@ -194,8 +236,11 @@ class ModelOptions:
     # MTPContext over this model can draft (llama.cpp skips those layers otherwise).
     load_mtp: bool = False
     # llama.cpp's weight repacking (its "extra buffer types": AMX, AVX2/NEON interleaved layouts).
-    # None: on, except on CPUs with AMX (`cpu_has_amx`).
+    # None: off for batch-invariant arithmetic and on CPUs with AMX (`cpu_has_amx`), else on.
     repack: bool | None = None
+    # Batch-invariant arithmetic (see above): a token's logits the same in any batch, at some cost to
+    # prompt evaluation. On a GPU only the CPU's part of it applies.
+    batch_invariant: bool = True
 
 
 @dataclass(frozen=True)
@@ -213,9 +258,11 @@ class Model:
 
     def __init__(self, path: str | Path, options: ModelOptions | None = None) -> None:
         started = time.perf_counter()
+        opts = options or ModelOptions()
+        _choose_tiled_matmul(opts.batch_invariant)
         _ensure_backend()
         self.path = Path(path)
-        self.options = opts = options or ModelOptions()
+        self.options = opts
         self._model = None
         self._ctx = None
         self._batch = None
@@ -269,6 +316,8 @@ class Model:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        if batch_invariant_cache(opts):
+            cparams.type_k = cparams.type_v = GGML_TYPE_BF16
         self._abort_flag = ctypes.create_string_buffer(2)  # b"\0": run on; b"\1": abort (see _ABORT_IF_SET)
         cparams.abort_callback = _ABORT_IF_SET
         cparams.abort_callback_data = ctypes.cast(self._abort_flag, ctypes.c_void_p)
@@ -543,6 +592,8 @@ class Model:
         b.n_tokens = m
         self._hidden_upto = min(self._hidden_upto, pos0)  # rows from pos0 on are about to change
         t0 = time.perf_counter()
+        global _decoded
+        _decoded = True
         try:
             rc = llc.llama_decode(self._ctx, b)
             # llama_decode may return before the backend has finished (llama-bench times the two

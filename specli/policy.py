@@ -32,6 +32,10 @@ machine and the pair of models. Where confidence is a statistic of the text itse
 what it was worth on earlier prompts only starts the next one as a light prior (CARRIED_WEIGHT).
 The cost model also outlives the process (specli.costcache). A fixed k drafts every position
 whatever the draft's doubts.
+
+Tunings: each constant's effect, measured by replaying the policy with it moved, and the verdict
+(kept because it matters, or dropped within noise) are in docs/performance.md ("The tunings of
+-k auto"); the constants below carry only why they exist.
 """
 
 from __future__ import annotations
@@ -46,34 +50,25 @@ from specli.costs import CostModel, best_net_gain, best_rate, run_cost
 from specli.drafters.base import DraftGate
 from specli.sampling import SamplingParams
 
-# Batch sizes the gate prices: enough for the longest draft a round can make (settings.MAX_DRAFT_K).
-HORIZON = 64 + 1
-# A draft step cheaper than this share of a target token costs nothing worth weighing: the gate judges
-# every round (n-gram lookup).
-FREE_LOOK = 0.01
-# A source found hopeless stays plain without a look in later generations, but for one in this many,
-# which looks again (one shadow re-measures the draft step; the machine's load may have changed).
-RECHECK_EVERY = 16
-# Shadows may cost this share of plain decoding's time (or less): a shadow every ~1/SHADOW_SHARE
-# looks' worth of plain rounds, at least every MAX_SHADOW_GAP rounds (they measure the draft).
+# The tunings below and their measured effect: docs/performance.md, "The tunings of -k auto".
+HORIZON = 64 + 1  # batch sizes the gate prices: the longest draft a round makes (settings.MAX_DRAFT_K)
+FREE_LOOK = 0.01  # a draft step under this share of a target token is free: the gate judges every round
+RECHECK_EVERY = 16  # a hopeless source looks again in one generation of this many (the load may change)
+# Shadows (looks in plain rounds, which measure the draft) may cost this share of plain decoding's time,
+# and come at least every MAX_SHADOW_GAP rounds.
 SHADOW_SHARE = 0.02
 MAX_SHADOW_GAP = 64
 RATE_TOKENS = 8.0  # decayed tokens of recent rounds before their rate is the reference
 RATE_DECAY = 0.9  # per round: the reference rate follows the text within ~10 rounds
 # Near the output's end the reference rate is at most this share of the best rate the tokens left can
-# give (all of them drafted in one batch and accepted): below 1, so that drafting them can pay.
+# give (all of them drafted in one batch and accepted), so that drafting them can pay.
 END_SHARE = 0.9
-WORTH_REFRESH = 8  # rounds between recomputations of what each confidence band is worth
-# When a generation starts, what earlier ones taught the calibration of a source whose confidence is
-# the text's (n-gram lookup) weighs at most this many observations per bin: the next prompt may be
-# another kind of text (confidence that a copy-edit's copies earned, ~50 observations deep, made
-# bench's code prompt after it draft 374 tokens for 227 accepted). A draft model's calibration
-# describes the pair of models and carries whole (capped too, the 150k pair at T 1 lost 3-7 %).
+# What earlier generations taught the calibration of a source whose confidence is the text's (n-gram
+# lookup) weighs at most this many observations per bin when a new one starts (the next prompt may be
+# another kind of text); a draft model's calibration describes the pair and carries whole.
 CARRIED_WEIGHT = 4.0
-# And in a new process such a source's bins start from their confidence weighted as half an
-# observation (a draft model's: one), so its first rounds learn the text sooner: a 152k-vocabulary
-# target's long copy ramped 2, 20, then 64 tokens a round instead of 2, 11, 64 (fresh processes:
-# 1.07x), Gemma 3 270M 0.99-1.08x on four prompts at T 0 and 0.8.
+# In a new process such a source's bins start from their confidence weighted as this many observations
+# (a draft model's: one), so its first rounds learn the text sooner.
 TEXT_PRIOR_WEIGHT = 0.5
 
 # Positions a gate lets through before a verify batch and a draft step have been measured.
@@ -412,7 +407,6 @@ class AutoK(DraftPolicy):
     left: int | None = None  # tokens the generation can still emit (this round's `decide`)
     position: int = 0  # tokens in the target's cache (this round's `decide`)
     text_sources: frozenset[str] = frozenset()  # sources whose confidence is the text's (n-gram)
-    _worth_cache: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
     _round_inputs: tuple[str, GateInputs | None] | None = field(default=None, repr=False)  # decide's
 
     def __post_init__(self) -> None:
@@ -460,17 +454,10 @@ class AutoK(DraftPolicy):
 
     def _worth(self, source: str, inputs: GateInputs) -> np.ndarray:
         """Per confidence bin, the tokens (beyond their cost at the reference rate) a round gains whose
-        first position has that confidence, the best length chosen; 0 if none gains. Recomputed every
-        WORTH_REFRESH rounds: it moves with the calibration and costs, which change slowly."""
-        cached = self._worth_cache
-        if cached is not None and cached[0] == source and cached[1] < WORTH_REFRESH:
-            self._worth_cache = (source, cached[1] + 1, cached[2])
-            return cached[2]
+        first position has that confidence, the best length chosen; 0 if none gains."""
         f = inputs.acceptances
-        worth = np.maximum(0.0, best_net_gain(f, f, inputs.verify, 0, len(inputs.verify) - 1, inputs.c_draft,
-                                              inputs.rate))
-        self._worth_cache = (source, 0, worth)
-        return worth
+        return np.maximum(0.0, best_net_gain(f, f, inputs.verify, 0, len(inputs.verify) - 1, inputs.c_draft,
+                                             inputs.rate))
 
     def decide(self, source: str, limit: int, left: int | None = None, position: int = 0) -> Decision:
         """Draft up to `limit` positions if looking at the first one (a draft step) is worth its cost,

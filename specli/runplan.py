@@ -203,7 +203,7 @@ def load_run(plan: Plan, *, verbose: bool = False) -> tuple[Any, list[str]]:
     llama.set_verbose(verbose)
     s = plan.settings
     spec = load(plan.target, plan.draft, n_ctx=s.ctx, n_threads=s.threads, n_gpu_layers=s.gpu_layers,
-                draft_p_min=s.draft_p_min, ngram=plan.ngram)
+                draft_p_min=s.draft_p_min, ngram=plan.ngram, batch_invariant=s.batch_invariant)
     notes = []
     bound = spec.target.max_rollback
     if spec.drafter is not None and isinstance(s.draft_max, int) and s.draft_max > bound:

@@ -29,7 +29,7 @@ VLLM_CONFIG_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_
 # SGLang's server arguments (docs.sglang.ai: server arguments, speculative decoding).
 SGLANG_FLAGS = {"--model-path", "--speculative-algorithm", "--speculative-draft-model-path",
                 "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
-                "--context-length", "--random-seed", "--host", "--port"}
+                "--context-length", "--random-seed", "--host", "--port", "--enable-deterministic-inference"}
 
 
 def export(*args: str) -> dict:
@@ -69,8 +69,9 @@ def test_llama_server_draft_model_carries_every_setting(fixture_models) -> None:
     assert (opts["--seed"], opts["-c"], opts["-t"], opts["-ngl"], opts["-ngld"]) == ("42", "1024", "2", "all",
                                                                                       "all")
     assert out["k"] == 5 and out["k_source"] == "-k"
-    # the printed command is the argv, quoted for a shell
-    assert shlex.split(out["command"].replace("\\\n", " ")) == out["argv"]
+    # the printed command is the environment and the argv, quoted for a shell
+    env = [f"{name}={value}" for name, value in out["env"].items()]
+    assert shlex.split(out["command"].replace("\\\n", " ")) == env + out["argv"]
     notes = " ".join(out["notes"])
     assert "sample-and-match" in notes and "--same-as-plain" in notes
 
@@ -199,7 +200,7 @@ def test_plain_output_is_the_command_and_notes_go_to_stderr(fixture_models) -> N
                                  "--draft", "ngram", "-k", "3"], catch_exceptions=False)
     assert result.exit_code == 0
     argv = shlex.split(result.stdout.replace("\\\n", " "))
-    assert argv[0] == "llama-server" and "--spec-type" in argv
+    assert argv[:2] == ["GGML_CPU_TILED_MM=0", "llama-server"] and "--spec-type" in argv
     assert "note:" in result.stderr and "note:" not in result.stdout
 
 
@@ -224,6 +225,31 @@ def test_llama_server_loads_without_repacking_on_cpus_with_amx(fixture_models, m
 
     for amx in (True, False):
         monkeypatch.setattr(specli.export, "cpu_has_amx", lambda amx=amx: amx)
-        out = export("--to", "llama-server", "-m", str(fixture_models.target), "--draft", "ngram")
+        out = export("--to", "llama-server", "-m", str(fixture_models.target), "--draft", "ngram",
+                     "--no-batch-invariant")
         assert ("--no-repack" in out["argv"]) is amx
         assert any("AMX" in note for note in out["notes"]) is amx
+        # Batch-invariant arithmetic (the default) never repacks.
+        out = export("--to", "llama-server", "-m", str(fixture_models.target), "--draft", "ngram")
+        assert "--no-repack" in out["argv"]
+
+
+def test_batch_invariant_arithmetic_carries_over_where_the_engines_have_it(fixture_models) -> None:
+    """specli's default --batch-invariant: llama-server without the tiled K-quant matmul (an environment
+    variable), repacking or an F16 cache on the CPU; vLLM's VLLM_BATCH_INVARIANT; SGLang's deterministic
+    mode. --no-batch-invariant: none of it."""
+    target = str(fixture_models.target)
+    server = export("--to", "llama-server", "-m", target, "--draft", "ngram")
+    assert server["env"] == {"GGML_CPU_TILED_MM": "0"}
+    assert server["command"].startswith("GGML_CPU_TILED_MM=0 llama-server ")
+    opts = options(server["argv"], 1)
+    assert (opts["-ctk"], opts["-ctv"]) == ("bf16", "bf16") and "--no-repack" in server["argv"]
+    on_gpu = export("--to", "llama-server", "-m", target, "--draft", "ngram", "-ngl", "99")
+    assert "-ctk" not in on_gpu["argv"]  # a GPU's attention is its own: llama.cpp's default cache there
+    assert export("--to", "vllm", "-m", target, "--draft", "ngram")["env"] == {"VLLM_BATCH_INVARIANT": "1"}
+    sglang = export("--to", "sglang", "-m", target, "--draft", "ngram")
+    assert "--enable-deterministic-inference" in sglang["argv"]
+    for engine in ("llama-server", "vllm", "sglang"):
+        off = export("--to", engine, "-m", target, "--draft", "ngram", "--no-batch-invariant")
+        assert off["env"] == {} and "-ctk" not in off["argv"]
+        assert "--enable-deterministic-inference" not in off["argv"]

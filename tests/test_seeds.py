@@ -21,6 +21,7 @@ PROMPT = "Once upon a time"
 REPEATING = "the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat"
 TEMP1 = SamplingParams(temperature=1.0)
 DEFAULTS = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+DEFAULTS_07 = SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05)
 
 
 def tokens(spec, prompt: str, **kw) -> list[int]:
@@ -134,3 +135,116 @@ def test_keyed_noise_is_gumbel_and_independent_of_the_ids_asked_together(kind) -
         cdf = np.exp(-np.exp(-sample))
         ks = np.abs(cdf - np.arange(1, sample.shape[0] + 1) / sample.shape[0]).max()
         assert ks < 1.95 / np.sqrt(sample.shape[0])
+
+
+# -- on a K-quant model (batch-invariant arithmetic) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory):
+    """A Q4_K_M target the tests build (test_kquant.build_q4_k_m) and the fixture draft (same vocabulary)."""
+    from test_kquant import build_q4_k_m
+
+    return build_q4_k_m(tmp_path_factory.mktemp("seeds-kquant"))
+
+
+@pytest.mark.parametrize("drafter,sampling", [("model", SamplingParams(temperature=0.0)), ("model", TEMP1),
+                                              ("ngram", TEMP1)],
+                         ids=["model-greedy", "model-temp1", "ngram-temp1"])
+def test_same_as_plain_holds_on_a_k_quant_model(q4_k_m, fixture_models, drafter, sampling) -> None:
+    """Batch-invariant arithmetic makes a verify batch's rows the single-token rows, so on Q4_K_M too
+    speculation prints plain decoding's tokens at every k, past 512 cached positions (where one query's
+    attention would split the cache across the threads). Without it (llama.cpp's fastest kernels) these
+    very runs part from plain decoding: 12 of 12 seeds with the draft model greedy, 9 and 6 of 12 at
+    temperature 1 (measured on this model)."""
+    prompt = " ".join([REPEATING] * 18) if drafter == "ngram" else " ".join([PROMPT] * 140)
+    seeds = range(6)
+    with load(q4_k_m, None, n_ctx=1024, n_threads=2) as spec:
+        assert len(spec.tokenize(prompt)) > 520
+        expected = {seed: tokens(spec, prompt, seed=seed, max_tokens=96, sampling=sampling) for seed in seeds}
+    draft = "ngram" if drafter == "ngram" else fixture_models.draft
+    drafted = 0
+    with load(q4_k_m, draft, n_ctx=1024, n_threads=2) as spec:
+        for k in (3, 16, "auto"):
+            for seed, want in expected.items():
+                gen = run(spec, prompt, seed=seed, max_tokens=96, sampling=sampling, draft_max=k)
+                assert gen.tokens == want, f"k={k} seed={seed}"
+                drafted += gen.stats.drafted
+    assert drafted > 0
+
+
+def test_the_same_seeded_command_prints_one_text_on_a_k_quant_model(q4_k_m, fixture_models, tmp_path) -> None:
+    """`specli run` with a seed on Q4_K_M: whatever draft lengths a run takes (-k auto prices them from
+    timings, which move with the machine's load: here -k auto, 3 and 16, one run while two other
+    processes keep the cores busy), it prints one text, the text --no-draft prints. With
+    --no-batch-invariant the -k 3 and -k 16 runs print other texts (measured)."""
+    import json
+    import subprocess
+    import sys
+
+    from support import specli
+
+    prompt = " ".join([PROMPT] * 140)
+
+    def text(*extra: str) -> str:
+        proc = specli("run", "--target", str(q4_k_m), *extra, "--temp", "0.7", "-s", "42", "-n", "96",
+                      "-t", "2", "-c", "2048", "--json", prompt, cwd=tmp_path, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["text"]
+
+    draft = ("--draft", str(fixture_models.draft))
+    runs = [text(*draft, "-k", "auto"), text(*draft, "-k", "3")]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        runs.append(text(*draft, "-k", "16"))
+        runs.append(text(*draft, "-k", "auto"))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(10)
+    assert len(set(runs)) == 1 and runs[0] == text("--no-draft"), runs
+
+
+def test_gemma_speculation_prints_plain_tokens_and_one_text_per_seeded_command() -> None:
+    """The reported case, Gemma 3 270M Q4_K_M with n-gram drafting at T 0.7 on bench's code prompt: at
+    k 3 and 16 these seeds print plain decoding's tokens (without batch-invariant arithmetic both parted
+    from it by token 40 at both k; 5 of seeds 0-5 parted over 200 tokens), and the same seeded command
+    with -k auto prints one text three times, once on a busy machine."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from support import specli
+    from test_kquant import _gemma
+
+    from specli.bench.suite import BUILTIN_PROMPTS
+
+    gemma = _gemma()
+    code = next(p.text for p in BUILTIN_PROMPTS if p.kind == "code")
+    with load(gemma, None, n_ctx=2048, n_threads=2) as spec:
+        expected = {seed: tokens(spec, code, seed=seed, max_tokens=64, sampling=DEFAULTS_07)
+                    for seed in (1, 4)}
+    with load(gemma, "ngram", n_ctx=2048, n_threads=2) as spec:
+        for k in (3, 16):
+            for seed, want in expected.items():
+                got = tokens(spec, code, seed=seed, max_tokens=64, sampling=DEFAULTS_07, draft_max=k)
+                assert got == want, f"k={k} seed={seed}"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        def text(*extra: str) -> str:
+            proc = specli("run", "--target", str(gemma), *extra, "--temp", "0.7", "-s", "1", "-n", "120",
+                          "-t", "2", "--json", code, cwd=Path(tmp), timeout=900)  # slow while busy
+            assert proc.returncode == 0, proc.stderr
+            return json.loads(proc.stdout)["text"]
+
+        runs = [text("--draft", "ngram"), text("--draft", "ngram")]
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            runs.append(text("--draft", "ngram"))
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait(10)
+        assert len(set(runs)) == 1 and runs[0] == text("--no-draft"), runs

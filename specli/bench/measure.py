@@ -63,7 +63,8 @@ class _LoadedPair:
     def __init__(self, config: BenchConfig) -> None:
         s = config.settings
         self.speculator = load(config.target, config.draft, n_ctx=s.ctx, n_threads=s.threads,
-                               n_gpu_layers=s.gpu_layers, draft_p_min=s.draft_p_min, ngram=config.ngram)
+                               n_gpu_layers=s.gpu_layers, draft_p_min=s.draft_p_min, ngram=config.ngram,
+                               batch_invariant=s.batch_invariant)
         self.target: Model = self.speculator.target
         self.drafter: Drafter | None = self.speculator.drafter
         # The draft model under the drafter (None for n-gram lookup): bench times its decodes.

@@ -64,7 +64,8 @@ def _draft_model(req: BuildRequest) -> Drafter:
     assert req.draft_path is not None
     target = req.target
     draft = Model(req.draft_path, ModelOptions(n_ctx=target.n_ctx, n_threads=req.n_threads,
-                                               n_gpu_layers=req.n_gpu_layers))
+                                               n_gpu_layers=req.n_gpu_layers,
+                                               batch_invariant=target.options.batch_invariant))
     try:
         # A recurrent/hybrid draft goes back through a checkpoint of its state (Model.checkpoint).
         require_compatible(target, draft)
