@@ -9,7 +9,8 @@
 # Then one device call:    run(command="BUDGET=500 bash lab/device_check.sh", carry=[".device"],
 #                              timeout_s=590)
 # A CPU dry run of the same stages (no CUDA, tools from a CPU build of the vendored tree):
-#   CUDA=0 LLAMA_BUILD=/tmp/lcpu BUDGET=900 OUT=/tmp/out bash lab/device_check.sh
+#   CUDA=0 LLAMA_BUILD=/tmp/lcpu LLAMA_SRC=<llama-cpp-python sdist> N=16 REPEAT=1 BUDGET=1800 \
+#       OUT=/tmp/out bash lab/device_check.sh
 #
 # Stages (each skipped when the budget is spent): build (~155 s on 16 cores, one architecture,
 # FlashAttention kernels off) - the load check (lab/load_variants.py) - models: the 152k-vocabulary
@@ -29,6 +30,8 @@ REPORT="$OUT/report.txt"
 CUDA=${CUDA:-1}
 NGL=$([ "$CUDA" = 1 ] && echo 99 || echo 0)
 THREADS=${THREADS:-$([ "$CUDA" = 1 ] && echo 8 || echo 2)}
+N=${N:-256}  # tokens per timed run (a CPU dry run: fewer)
+REPEAT=${REPEAT:-3}
 
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$REPORT"; }
 left() { [ $(( $(date +%s) - T0 )) -lt "${BUDGET:-480}" ]; }
@@ -106,25 +109,25 @@ stage "llama-bench" 120 "$B/llama-bench" "${models[@]}" -ngl "$NGL" -t "$THREADS
 # -- plain decoding and the draft model against llama.cpp's tools ---------------------------------------
 stage "plain and draft-model speculation vs llama-bench and llama-speculative-simple" 240 \
     python3 lab/compare_llamacpp.py --no-gemma --model "$G" --target "$T" --draft "$D" --only plain,draft \
-    -n 256 --repeat 3 -t "$THREADS" -k 8 -c 4096 --tools "$B" --json "$OUT/compare_llamacpp.json"
+    -n "$N" --repeat "$REPEAT" -t "$THREADS" -k 8 -c 4096 --tools "$B" --json "$OUT/compare_llamacpp.json"
 for k in 4 16; do
     stage "llama-speculative-simple n-max $k (T 0 and 0.7)" 60 bash -c "
         for temp in 0 0.7; do
             $B/llama-speculative-simple -m $T -md $D --spec-type draft-simple -ngl $NGL -ngld $NGL \
-                -t $THREADS -p 'def main(args):' -n 256 --temp \$temp --spec-draft-n-max $k -s 1 \
+                -t $THREADS -p 'def main(args):' -n $N --temp \$temp --spec-draft-n-max $k -s 1 \
                 --ignore-eos 2>&1 | grep -E 'decoded|accept' | sed \"s/^/T \$temp: /\"
         done"
 done
 
 # -- the verify curve on this device, and -k auto against fixed k --------------------------------------
 stage "specli bench (verify curve; k 4, 8, 16, auto; T 0 and 0.7)" 200 \
-    specli bench --target "$T" --draft "$D" -ngl "$NGL" -t "$THREADS" -k 4,8,16,auto --temp 0,0.7 -n 128 \
-    --repeat 2 --json "$OUT/bench.json"
+    specli bench --target "$T" --draft "$D" -ngl "$NGL" -t "$THREADS" -k 4,8,16,auto --temp 0,0.7 \
+    -n "$(( N / 2 ))" --repeat "$REPEAT" --json "$OUT/bench.json"
 
 # -- n-gram lookup against llama-server's types, on a model that copies from its context ----------------
 stage "n-gram lookup vs llama-server (demo target, copy-edit and code)" 240 \
     python3 lab/compare_llama_server.py --target "$M/demo/specli-demo-target.gguf" --prompt copy-edit \
-    --prompt code --temp 0 --defaults-only -n 256 --repeat 2 -t "$THREADS" --settle 0.5 \
+    --prompt code --temp 0 --defaults-only -n "$N" --repeat "$REPEAT" -t "$THREADS" --settle 0.5 \
     --json "$OUT/compare_llama_server.json"
 
 cp "$W"/build.log "$W"/cmake.log "$OUT/" 2>/dev/null
