@@ -223,7 +223,9 @@ def parse_spec_log(streams: tuple[str, str]) -> ToolRun:
     )
 
 
-def spec_tool_cmd(tool: Path, model: Path, prompt: str, n: int, threads: int, k: int, ctx: int) -> list[str]:
+def spec_tool_cmd(
+    tool: Path, model: Path, prompt: str, n: int, threads: int, k: int, ctx: int, temp: float = 0.0
+) -> list[str]:
     return [
         str(tool),
         "-m",
@@ -237,7 +239,7 @@ def spec_tool_cmd(tool: Path, model: Path, prompt: str, n: int, threads: int, k:
         "-c",
         str(ctx),
         "--temp",
-        "0",
+        str(temp),
         "--ignore-eos",
         "--seed",
         "0",
@@ -391,39 +393,49 @@ def compare_ngram(model: Path, args: argparse.Namespace, tools: Path) -> list[Ro
 
 
 def compare_draft(target: Path, draft: Path, args: argparse.Namespace, tools: Path) -> list[Row]:
+    """llama-speculative-simple at each --tool-k against specli -k K and -k auto, per temperature; a
+    specli row's ratio is to the tool's best n-max of the same repetition."""
     tool = find_tool("llama-speculative-simple", tools)
     name = f"{target.name} + {draft.name}"
-    greedy = SamplingParams(temperature=0.0)
+    tool_ks = [int(k) for k in (args.tool_k or str(args.k)).split(",")]
     rows: list[Row] = []
     spec = load(target, draft, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
     try:
         warm_up(spec, spec.tokenize(PLAIN_PROMPT), "auto")
-        for kind in ("copy-edit", "code"):
-            text = PROMPTS[kind]
-            prompt = spec.tokenize(text)
-            ref = Row("draft", name, kind, f"llama-speculative-simple --spec-draft-n-max {args.k}")
-            fixed = Row("draft", name, kind, f"specli -k {args.k}")
-            auto = Row("draft", name, kind, "specli -k auto")
-            if too_long(prompt, args, ref):
-                rows.append(ref)
-                continue
-            if tool is None:
-                ref.note = "skipped: llama-speculative-simple not found (run lab/build_llama_tools.sh)"
-            for rep in range(args.repeat):
-                tool_rate = None
-                if tool is not None:
-                    cmd = spec_tool_cmd(tool, target, text, args.n - 1, args.threads, args.k, args.ctx)
-                    # This llama.cpp needs the speculation type named, or it refuses to start.
-                    tool_rate = ref.run_tool([*cmd, "-md", str(draft), "--spec-type", "draft-simple"])
-                for row, k in ((fixed, args.k), (auto, "auto")):
-                    r = specli_run(spec, prompt, args.n, greedy, k, seed=rep)
-                    row.record(r.rate, r.acceptance, tool_rate)
-                say(
-                    f"  draft {kind} rep {rep + 1}: "
-                    f"llama-speculative-simple {tool_rate or float('nan'):.1f}, "
-                    f"specli k={args.k} {fixed.rates[-1]:.1f}, auto {auto.rates[-1]:.1f} tok/s"
-                )
-            rows += [ref, fixed, auto]
+        for temp in args.draft_temp:
+            sampling = SamplingParams(temperature=temp)
+            for kind in ("copy-edit", "code"):
+                text = PROMPTS[kind]
+                prompt = spec.tokenize(text)
+                label = f"{kind} T{temp:g}"
+                refs = {k: Row("draft", name, label, f"llama-speculative-simple --spec-draft-n-max {k}")
+                        for k in tool_ks}
+                fixed = Row("draft", name, label, f"specli -k {args.k}")
+                auto = Row("draft", name, label, "specli -k auto")
+                if too_long(prompt, args, fixed):
+                    rows.append(fixed)
+                    continue
+                for rep in range(args.repeat):
+                    tool_rates = []
+                    for k, ref in refs.items():
+                        if tool is None:
+                            ref.note = "skipped: no llama-speculative-simple (lab/build_llama_tools.sh)"
+                            continue
+                        cmd = spec_tool_cmd(tool, target, text, args.n - 1, args.threads, k, args.ctx, temp)
+                        # This llama.cpp needs the speculation type named, or it refuses to start.
+                        rate = ref.run_tool([*cmd, "-md", str(draft), "--spec-type", "draft-simple"])
+                        if rate:
+                            tool_rates.append(rate)
+                    best = max(tool_rates, default=None)
+                    for row, k in ((fixed, args.k), (auto, "auto")):
+                        r = specli_run(spec, prompt, args.n, sampling, k, seed=rep)
+                        row.record(r.rate, r.acceptance, best)
+                    say(
+                        f"  draft {label} rep {rep + 1}: llama-speculative-simple "
+                        + ", ".join(f"n-max {k} {ref.rates[-1]:.1f}" for k, ref in refs.items() if ref.rates)
+                        + f"; specli k={args.k} {fixed.rates[-1]:.1f}, auto {auto.rates[-1]:.1f} tok/s"
+                    )
+                rows += [*refs.values(), fixed, auto]
     finally:
         spec.close()
     return rows
@@ -451,7 +463,8 @@ def print_table(rows: list[Row]) -> None:
         )
     print(
         "tok/s and accept: medians over repetitions; ratio: median of specli / llama.cpp tool in the same "
-        "repetition (plain rows: vs llama-bench tg; n-gram and draft rows: vs the tool of that prompt)."
+        "repetition (plain rows: vs llama-bench tg; n-gram rows: vs the tool of that prompt; draft rows: vs "
+        "the tool's best n-max)."
     )
 
 
@@ -465,11 +478,14 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-k", type=int, default=8, help="fixed draft length (and the tools' --spec-draft-n-max)")
     ap.add_argument("-c", "--ctx", type=int, default=2048)
+    ap.add_argument("--tool-k", help="llama-speculative-simple's n-max values, comma-separated (default: -k)")
+    ap.add_argument("--draft-temp", type=float, action="append", help="temperatures of section c (default 0)")
     ap.add_argument("--only", default="plain,ngram,draft", help="sections to run, comma-separated")
     ap.add_argument("--no-gemma", action="store_true", help="do not add Gemma 3 270M to the models")
     ap.add_argument("--tools", type=Path, help="directory of llama.cpp binaries (default: the build cache)")
     ap.add_argument("--json", type=Path, help="write every sample and the metadata here")
     args = ap.parse_args()
+    args.draft_temp = args.draft_temp or [0.0]
     if args.n < 2 or args.repeat < 1 or args.threads < 1 or args.k < 1:
         ap.error("need -n >= 2, --repeat >= 1, -t >= 1, -k >= 1")
     if bool(args.target) != bool(args.draft):
