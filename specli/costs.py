@@ -52,6 +52,13 @@ POSITION_STEP = 16
 # 113 and 153 ms in the cost file (quiet: 66 and 73), auto stopped verifying those sizes, so nothing
 # ever replaced them, and the next processes drafted at 0.86 of k = 3 instead of 0.97.
 BURST = 1.5
+# Warm draft steps (or looks) this process must have timed before their median stops auto looking at
+# a drafter for good. On an H100 a 39M draft of a 152k-vocabulary pair costs 0.33 ms a step, a seventh
+# of its target's token, yet auto drafted nothing in 20 generations and looked almost never (0.98x of
+# plain, where k = 4 gave 1.22x): the hopeless verdict, which only a step cost near the target's can
+# give. The first steps of each new shape (CUDA graphs built) fit that; one taken for the cost was
+# enough. (Found from the device check's figures; the fix is not yet measured on a GPU.)
+SETTLED_SAMPLES = 3
 
 
 def expected_tokens(a1: float, a2: float, k: int) -> float:
@@ -202,6 +209,10 @@ class CostModel:
     _curve: list[float] | None = field(default=None, repr=False)  # predicted at _position
     _draft_seen: set[str] = field(default_factory=set, repr=False)
     _look_seen: set[str] = field(default_factory=set, repr=False)
+    # This process's recent per-unit draft and look costs by source (the first of each left out): their
+    # median is the cost once there are any, the decayed means above only what a record restored.
+    _draft_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
+    _look_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
     _verify_largest: int = field(default=0, repr=False)  # the largest batch decoded in this process
     # Seconds a cached token adds to a decode, per batch size (`attention_slopes`), refitted with the
     # curve; and each size's median predicted at _position (cheapest_batch runs every round).
@@ -220,8 +231,10 @@ class CostModel:
         it on disk): the verify samples by batch size and the decayed draft and look costs by source."""
         return {
             "verify": {str(m): [list(sample) for sample in samples] for m, samples in self.verify.items()},
-            "draft": {source: list(slot) for source, slot in self.draft.items()},
-            "look": {source: list(slot) for source, slot in self.look.items()},
+            "draft": {source: _robust_slot(slot, self._draft_recent.get(source))
+                      for source, slot in self.draft.items()},
+            "look": {source: _robust_slot(slot, self._look_recent.get(source))
+                     for source, slot in self.look.items()},
         }
 
     def restore(self, record: Mapping) -> None:
@@ -320,17 +333,26 @@ class CostModel:
     def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
         # A model's first single-token decodes build their graphs: on a small draft that can take
         # 10x a warm step, and a cost that high would stop auto from ever drafting again.
-        _observe_warm(self.draft, self._draft_seen, source, seconds, tokens, decay)
+        # A cold step (a new shape: on a GPU a CUDA graph built) may cost many warm ones: medians.
+        _observe_warm(self.draft, self._draft_seen, source, seconds, tokens, decay,
+                      self._draft_recent.setdefault(source, deque(maxlen=self.window)))
 
     def observe_look(self, source: str, seconds: float, decay: float = 0.9) -> None:
-        _observe_warm(self.look, self._look_seen, source, seconds, 1.0, decay)  # the first: cold, as above
+        _observe_warm(self.look, self._look_seen, source, seconds, 1.0, decay,  # the first: cold, as above
+                      self._look_recent.setdefault(source, deque(maxlen=self.window)))
 
     def look_seconds(self, source: str) -> float | None:
         """What a look that drafts nothing costs, catching up included (shadows are rationed by it)."""
-        return _per_unit(self.look.get(source))
+        return _cost(self.look.get(source), self._look_recent.get(source))
 
     def draft_seconds_per_token(self, source: str | None) -> float | None:
-        return _per_unit(self.draft.get(source or ""))
+        return _cost(self.draft.get(source or ""), self._draft_recent.get(source or ""))
+
+    def draft_settled(self, source: str) -> bool:
+        """Whether this process has timed enough warm draft steps of `source` (SETTLED_SAMPLES) for a
+        verdict that stops looking at it: one or two may still be cold, and a record restored from
+        another process may describe another load of the machine."""
+        return len(self._draft_recent.get(source, ())) >= SETTLED_SAMPLES
 
     def verify_seconds(self, m_max: int, position: int = 0) -> list[float] | None:
         """Predicted T_v(m) for m = 1..m_max after `position` cached tokens, from the medians measured
@@ -344,15 +366,31 @@ class CostModel:
 
 
 def _observe_warm(table: dict[str, list[float]], seen: set[str], source: str, seconds: float, units: float,
-                  decay: float) -> None:
-    """Add (seconds, units) to `source`'s decayed [seconds, units] in `table`, except its first
-    observation, which is left out as cold (it built llama.cpp's graphs)."""
+                  decay: float, recent: deque[float]) -> None:
+    """Add (seconds, units) to `source`'s decayed [seconds, units] in `table` and its cost per unit to
+    `recent`, except its first observation, which is left out as cold (it built llama.cpp's graphs)."""
     if source not in seen:
         seen.add(source)
         return
     slot = table.setdefault(source, [0.0, 0.0])
     slot[0] = decay * slot[0] + seconds
     slot[1] = decay * slot[1] + units
+    if units > 0:
+        recent.append(seconds / units)
+
+
+def _cost(slot: list[float] | None, recent: deque[float] | None) -> float | None:
+    """A draft's or look's cost per unit: the median of this process's recent samples, else what a
+    restored record's decayed mean says."""
+    return statistics.median(recent) if recent else _per_unit(slot)
+
+
+def _robust_slot(slot: list[float], recent: deque[float] | None) -> list[float]:
+    """A decayed [seconds, units] to keep on disk: with settled samples, their median at the slot's
+    weight (a cold outlier of this process is not handed on to the next)."""
+    if recent is not None and len(recent) >= SETTLED_SAMPLES and slot[1] > 0:
+        return [statistics.median(recent) * slot[1], slot[1]]
+    return list(slot)
 
 
 def attention_slopes(verify: Mapping[int, Sequence[tuple[float, int]]]) -> dict[int, float]:

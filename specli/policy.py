@@ -485,6 +485,10 @@ class AutoK(DraftPolicy):
             # next: a sure shadow brings drafting back at once, whatever the rounds before say.
             expected = max(float(cal.first @ worth) / cal.first.sum(), worth[cal.bin(cal.last_first)])
             if expected <= price:
+                if not self.costs.draft_settled(source):
+                    # Priced by a step or two that may be cold (a GPU's graph building): look again
+                    # each round, which times more steps, before any verdict (SETTLED_SAMPLES).
+                    return self._plain(look=True)
                 if float(worth.max()) <= price:
                     # Even the draft's surest band does not pay: each shadow would have to catch the
                     # draft up on every plain token since the last, which on a draft as dear as the
