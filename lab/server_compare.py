@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -43,10 +44,12 @@ def run_setup(name: str, pair: list[str], args: argparse.Namespace, server_bin: 
     common = ["-k", str(args.k), "-t", str(args.threads), "-c", str(args.ctx)]
     exported = json.loads(specli("export", "--to", "llama-server", "--json", *pair, *common,
                                  "--port", str(port)).stdout)
-    print(f"# {name}: {' '.join(exported['argv'])}", file=sys.stderr)
+    env = exported.get("env", {})  # batch-invariant arithmetic: GGML_CPU_TILED_MM=0, as export prints
+    print(f"# {name}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(exported['argv'])}",
+          file=sys.stderr)
     log = (work / f"{name}-server.log").open("wb")
     proc = subprocess.Popen([str(server_bin), *exported["argv"][1:]], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url)
