@@ -210,7 +210,7 @@ class CostModel:
     _draft_seen: set[str] = field(default_factory=set, repr=False)
     _look_seen: set[str] = field(default_factory=set, repr=False)
     # This process's recent per-unit draft and look costs by source (the first of each left out): their
-    # median is the cost once there are any, the decayed means above only what a record restored.
+    # median is the cost once there are SETTLED_SAMPLES of them, the decayed means above until then.
     _draft_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
     _look_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
     _verify_largest: int = field(default=0, repr=False)  # the largest batch decoded in this process
@@ -380,9 +380,11 @@ def _observe_warm(table: dict[str, list[float]], seen: set[str], source: str, se
 
 
 def _cost(slot: list[float] | None, recent: deque[float] | None) -> float | None:
-    """A draft's or look's cost per unit: the median of this process's recent samples, else what a
-    restored record's decayed mean says."""
-    return statistics.median(recent) if recent else _per_unit(slot)
+    """A draft's or look's cost per unit: the median of this process's recent samples once they are
+    SETTLED_SAMPLES, before that the decayed mean (a restored record's with them)."""
+    if recent is not None and len(recent) >= SETTLED_SAMPLES:
+        return statistics.median(recent)
+    return _per_unit(slot)
 
 
 def _robust_slot(slot: list[float], recent: deque[float] | None) -> list[float]:
