@@ -15,7 +15,8 @@
 #       OUT=/tmp/out bash lab/device_check.sh
 #
 # Stages (each skipped when the budget is spent): the CUDA build of .device/prebuilt.tar.xz where it
-# runs, else a build (~155 s on 16 cores, one architecture, FlashAttention kernels off) - the load check (lab/load_variants.py) - models: the 152k-vocabulary
+# runs, else a build (one architecture, FlashAttention kernels off: 155 s on an H200's 16 cores, 286 s on an
+# H100's) - the load check (lab/load_variants.py) - models: the 152k-vocabulary
 # pair and a Gemma-3-270M-shaped 262k-vocabulary target (lab/build_large_vocab_pair.py), the demo pair
 # (copies from its context: for n-gram lookup) - llama-bench tg128 of every model - plain decoding
 # and draft-model speculation against llama-bench and llama-speculative-simple (lab/compare_llamacpp.py)
@@ -71,23 +72,28 @@ build_from_source() {
     log "built from source"
 }
 if [ -n "${LLAMA_BUILD:-}" ]; then
-    B=$LLAMA_BUILD/bin
-    LIB=$(dirname "$(find "$LLAMA_BUILD" -name 'libllama.so' | head -1)")
     SRC=${LLAMA_SRC:-$(python3 -c "import llama_cpp, os; print(os.path.dirname(os.path.dirname(llama_cpp.__file__)))")}
 else
     tar xJf .device/lcpp-src.tar.xz -C "$W"
     SRC=$W
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl >> "$REPORT" 2>&1
-    # llama.cpp's gguf-py writes the synthetic models (specli_synth), as the gguf package does here
-    export PYTHONPATH=$R:$R/synth:$SRC:$W/vendor/llama.cpp/gguf-py:/tmp/site:${PYTHONPATH:-}
-    M=$W/models
-    python3 -c "from specli_synth.fixtures import build_fixture_models; build_fixture_models('$M/fixture')" \
-        >> "$REPORT" 2>&1
-    if [ -f .device/prebuilt.tar.xz ] && [ "${FROM_SOURCE:-0}" != 1 ]; then
-        # Built on a development machine (lab/device_pack.sh): the CUDA libraries (sm_90), a portable
-        # CPU backend and the tools, beside this machine's CUDA runtime and cuBLAS; else build here.
-        mkdir -p "$W/pre" && tar xJf .device/prebuilt.tar.xz -C "$W/pre"
-        cuda_libs=$(python3 - <<'PY'
+fi
+# The checkout's specli and synth, llama-cpp-python's package, and llama.cpp's gguf-py (it writes the
+# synthetic models: the device's Python has no gguf package)
+export PYTHONPATH=$R:$R/synth:$SRC:$SRC/vendor/llama.cpp/gguf-py:/tmp/site:${PYTHONPATH:-}
+M=$W/models
+mkdir -p "$M"
+python3 -c "from specli_synth.fixtures import build_fixture_models; build_fixture_models('$M/fixture')" \
+    >> "$REPORT" 2>&1
+if [ -n "${LLAMA_BUILD:-}" ]; then
+    B=$LLAMA_BUILD/bin
+    LIB=$(dirname "$(find "$LLAMA_BUILD" -name 'libllama.so' | head -1)")
+elif [ -f .device/prebuilt.tar.xz ] && [ "${FROM_SOURCE:-0}" != 1 ]; then
+    # Built on a development machine (lab/build_cuda_here.sh, lab/device_pack.sh): the CUDA libraries
+    # (sm_90), a portable CPU backend and the tools, beside this machine's CUDA runtime and cuBLAS; if
+    # they do not run here, build.
+    mkdir -p "$W/pre" && tar xJf .device/prebuilt.tar.xz -C "$W/pre"
+    cuda_libs=$(python3 - <<'PY'
 import glob, os, site
 roots = ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"]
 for sp in site.getsitepackages():
@@ -101,36 +107,30 @@ for name in ("libcublas.so.13", "libcublasLt.so.13", "libcudart.so.13"):
 print(":".join(dict.fromkeys(found)))
 PY
 )
-        export LD_LIBRARY_PATH=$W/pre/lib:$cuda_libs:$W/pre/lib/cudart:${LD_LIBRARY_PATH:-}
-        log "prebuilt: CUDA libraries from ${cuda_libs:-nowhere}"
-        if ldd "$W/pre/lib/libggml-cuda.so" | grep -q "not found" \
-            || ! timeout 60 "$W/pre/lib/llama-bench" -m "$M/fixture/fixture-target.gguf" -ngl "$NGL" -p 0 -n 8 \
-                -r 1 >> "$REPORT" 2>&1; then
-            ldd "$W/pre/lib/libggml-cuda.so" | grep "not found" | tee -a "$REPORT"
-            log "the prebuilt libraries do not run here: building"
-            build_from_source
-        else
-            ln -sfn lib "$W/pre/bin"  # lab/_bench_common.tools_dir() looks in bin/
-            B=$W/pre/bin
-            LIB=$W/pre/lib
-            log "prebuilt libraries run"
-        fi
-    else
+    export LD_LIBRARY_PATH=$W/pre/lib:$cuda_libs:$W/pre/lib/cudart:${LD_LIBRARY_PATH:-}
+    log "prebuilt: CUDA libraries from ${cuda_libs:-nowhere}"
+    if ldd "$W/pre/lib/libggml-cuda.so" | grep -q "not found" \
+        || ! timeout 60 "$W/pre/lib/llama-bench" -m "$M/fixture/fixture-target.gguf" -ngl "$NGL" -p 0 -n 8 \
+            -r 1 >> "$REPORT" 2>&1; then
+        ldd "$W/pre/lib/libggml-cuda.so" | grep "not found" | tee -a "$REPORT"
+        log "the prebuilt libraries do not run here: building"
         build_from_source
+    else
+        ln -sfn lib "$W/pre/bin"  # lab/_bench_common.tools_dir() looks in bin/
+        B=$W/pre/bin
+        LIB=$W/pre/lib
+        log "prebuilt libraries run"
     fi
+else
+    build_from_source
 fi
 export LLAMA_CPP_LIB_PATH=$LIB
-export PYTHONPATH=$R:$R/synth:$SRC:$SRC/vendor/llama.cpp/gguf-py:/tmp/site:${PYTHONPATH:-}
 export SPECLI_LAB_GPU_LAYERS=$NGL
 export SPECLI_LLAMA_TOOLS=${B%/bin}  # lab/_bench_common.tools_dir() adds bin/
 # specli from the checkout (nothing is installed there); an array, so that `timeout` can run it
 specli=(python3 -X faulthandler -c "import sys; from specli.launcher import main; sys.argv[0] = 'specli'; main()")
 
 # -- does specli load on this build? -------------------------------------------------------------------
-M=$W/models
-mkdir -p "$M"
-[ -f "$M/fixture/fixture-target.gguf" ] || python3 -c \
-    "from specli_synth.fixtures import build_fixture_models; build_fixture_models('$M/fixture')" >> "$REPORT" 2>&1
 if "${specli[@]}" run --target "$M/fixture/fixture-target.gguf" --no-draft -n 8 -ngl "$NGL" "Once upon a time" \
         >> "$REPORT" 2>&1; then
     log "specli loads and generates on this build"

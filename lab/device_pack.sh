@@ -8,9 +8,9 @@
 #
 #   bash lab/device_pack.sh [DIR]
 #
-# A CUDA build made on a development machine saves the device ~155 s of building: with PREBUILT_CUDA
+# A CUDA build made on a development machine saves the device 155-290 s of building: with PREBUILT_CUDA
 # (the bin/ of a -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=ON build of the same
-# tree; lab/history.md says how one was made without a GPU, 36 min on 2 cores), PREBUILT_CPU (the bin/ of a
+# tree; lab/build_cuda_here.sh makes one without a GPU, 36 min on 2 cores), PREBUILT_CPU (the bin/ of a
 # -DGGML_NATIVE=OFF -DGGML_AVX2=ON build: a CPU backend that runs on any x86-64-v3 processor, which a
 # native build on another vendor's processor may not) and PREBUILT_TOOLS (the bin/ of a build with
 # llama-bench, llama-speculative-simple and llama-server, lab/build_llama_tools.sh --with-server), it also
