@@ -352,7 +352,7 @@ class CostModel:
         """Whether this process has timed enough warm draft steps of `source` (SETTLED_SAMPLES) for a
         verdict that stops looking at it: one or two may still be cold, and a record restored from
         another process may describe another load of the machine."""
-        return len(self._draft_recent.get(source, ())) >= SETTLED_SAMPLES
+        return _settled(self._draft_recent.get(source))
 
     def verify_seconds(self, m_max: int, position: int = 0) -> list[float] | None:
         """Predicted T_v(m) for m = 1..m_max after `position` cached tokens, from the medians measured
@@ -379,18 +379,20 @@ def _observe_warm(table: dict[str, list[float]], seen: set[str], source: str, se
         recent.append(seconds / units)
 
 
+def _settled(recent: deque[float] | None) -> bool:
+    return recent is not None and len(recent) >= SETTLED_SAMPLES
+
+
 def _cost(slot: list[float] | None, recent: deque[float] | None) -> float | None:
     """A draft's or look's cost per unit: the median of this process's recent samples once they are
     SETTLED_SAMPLES, before that the decayed mean (a restored record's with them)."""
-    if recent is not None and len(recent) >= SETTLED_SAMPLES:
-        return statistics.median(recent)
-    return _per_unit(slot)
+    return statistics.median(recent) if _settled(recent) else _per_unit(slot)
 
 
 def _robust_slot(slot: list[float], recent: deque[float] | None) -> list[float]:
     """A decayed [seconds, units] to keep on disk: with settled samples, their median at the slot's
     weight (a cold outlier of this process is not handed on to the next)."""
-    if recent is not None and len(recent) >= SETTLED_SAMPLES and slot[1] > 0:
+    if _settled(recent) and slot[1] > 0:
         return [statistics.median(recent) * slot[1], slot[1]]
     return list(slot)
 
