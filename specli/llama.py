@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import llama_cpp as llc
 import numpy as np
@@ -243,6 +244,16 @@ class ModelOptions:
     batch_invariant: bool = True
 
 
+class DecodeRecorder(Protocol):
+    """Reads what a decode leaves beside the logits (a layer's inputs) before the next one."""
+
+    def before_decode(self, pos0: int) -> None:
+        """A chunk is about to be decoded at positions pos0..: anything kept from there on is stale."""
+
+    def after_decode(self, pos0: int, m: int) -> None:
+        """The chunk of m tokens at pos0.. was decoded."""
+
+
 @dataclass(frozen=True)
 class VocabInfo:
     vocab_type: int
@@ -253,7 +264,20 @@ class VocabInfo:
     add_eos: bool
 
 
-class Model:
+class ClosedWhenCollected:
+    """Frees what llama.cpp holds for it when garbage-collected, if close() was not called."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Model(ClosedWhenCollected):
     """One GGUF model, one llama.cpp context, one sequence (seq id 0)."""
 
     def __init__(self, path: str | Path, options: ModelOptions | None = None) -> None:
@@ -357,10 +381,36 @@ class Model:
         # at and past n_past are stale. An MTP context reads h_{p-1} with token p.
         self._hidden: np.ndarray | None = None
         self._hidden_upto = 0  # rows of positions 0.. up to here were recorded after their decode
+        self.n_embd = int(llc.llama_model_n_embd(self._model))
+        # Told of every decode (heads.TargetFeatures: a trained drafter reads the target's layers).
+        self._recorder: DecodeRecorder | None = None
         if opts.load_mtp:
-            self.n_embd = int(llc.llama_model_n_embd(self._model))
             llc_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: every token's row
             self._hidden = np.zeros((min(n_ctx, 256), self.n_embd), dtype=np.float32)
+
+    @property
+    def model_pointer(self) -> llc.llama_model_p:
+        """The llama_model, for a context of another type over it (an MTP context)."""
+        return self._model
+
+    @property
+    def records_hidden(self) -> bool:
+        """Whether each decoded position's MTP hidden state is kept (loaded with load_mtp)."""
+        return self._hidden is not None
+
+    @property
+    def context_pointer(self) -> llc.llama_context_p:
+        """The llama_context, for a context that runs beside this one (ctx_other: a draft head)."""
+        return self._ctx
+
+    @property
+    def abort_callback(self) -> tuple[object, ctypes.c_void_p]:
+        """llama.cpp's abort callback and its data for another context that abort() stops too."""
+        return _ABORT_IF_SET, ctypes.cast(self._abort_flag, ctypes.c_void_p)
+
+    def attach_recorder(self, recorder: DecodeRecorder) -> None:
+        """Tell `recorder` of every decode from now on (one at a time)."""
+        self._recorder = recorder
 
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes per context position (F16 keys and values, every layer), from the model's
@@ -416,6 +466,11 @@ class Model:
         """The deepest rollback a verify round may need: a transformer's cache drops any suffix; a
         recurrent/hybrid model's state goes back at most rs_seq positions (0: not at all)."""
         return self.rs_seq if self._recurrent else self.n_ctx
+
+    @property
+    def n_layer(self) -> int:
+        """Layers of the trunk (MTP layers not included)."""
+        return int(llc.llama_model_n_layer(self._model))
 
     @property
     def n_layer_nextn(self) -> int:
@@ -591,6 +646,8 @@ class Model:
             b.logits[m - 1] = True
         b.n_tokens = m
         self._hidden_upto = min(self._hidden_upto, pos0)  # rows from pos0 on are about to change
+        if self._recorder is not None:
+            self._recorder.before_decode(pos0)
         t0 = time.perf_counter()
         global _decoded
         _decoded = True
@@ -614,6 +671,8 @@ class Model:
                 raise LlamaError(f"llama_decode failed with code {rc}")
             if self._hidden is not None:
                 self._record_hidden(pos0, m)
+            if self._recorder is not None:
+                self._recorder.after_decode(pos0, m)
             self.tokens.extend(chunk)
             self._rollback_room = min(self.rs_seq, m - 1)
         except BaseException:
@@ -799,157 +858,3 @@ class Model:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-# -- MTP (multi-token prediction) --------------------------------------------------------------------
-
-
-class MTPContext:
-    """A llama.cpp context of type LLAMA_CONTEXT_TYPE_MTP over a target Model loaded with load_mtp:
-    the GGUF's MTP (NextN) block as a drafter, no second model (common/speculative.cpp's draft-mtp).
-
-    Its cache position p holds token x_p read together with the hidden state h_{p-1} that predicted
-    it (zeros at p = 0); the logits there predict x_{p+1}. It has a plain KV cache (the MTP block is
-    one attention layer), so any suffix truncates.
-    """
-
-    def __init__(self, target: Model) -> None:
-        if target._hidden is None:
-            raise LlamaError(f"{target.path.name}: load the target with load_mtp first")
-        self.target = target
-        self._ctx = None
-        self._batch = None
-        cparams = llc.llama_context_default_params()
-        cparams.n_ctx = target.n_ctx
-        cparams.n_batch = target.n_batch
-        cparams.n_ubatch = target.n_batch
-        cparams.n_seq_max = 1
-        cparams.n_threads = target.n_threads
-        cparams.n_threads_batch = target.n_threads
-        cparams.no_perf = True
-        cparams.ctx_type = llc.LLAMA_CONTEXT_TYPE_MTP
-        cparams.ctx_other = target._ctx
-        cparams.n_rs_seq = 0
-        self._ctx = llc.llama_init_from_model(target._model, cparams)
-        if not self._ctx:
-            raise LlamaError(
-                f"{target.path.name}: llama.cpp could not create an MTP context over this model "
-                "(run with --verbose for its log)"
-            )
-        # Unmasked: a row for every token of the batch. Masked, llama.cpp copies the first n_outputs
-        # rows of the MTP graph's h (all tokens) instead of the output rows: a catch-up batch with
-        # its last token as output would hand back the first token's h.
-        llc_ext.llama_set_embeddings_nextn(self._ctx, True, False)
-        self._mem = llc.llama_get_memory(self._ctx)
-        self._batch = llc.llama_batch_ext_init(self._ctx)
-        if not self._batch:
-            self.close()
-            raise LlamaError("llama.cpp could not allocate an MTP batch")
-        self.n_batch = target.n_batch
-        self.n_vocab = target.n_vocab
-        self.n_embd = target.n_embd
-        self.tokens: list[int] = []
-        self.decode_seconds = 0.0
-        self._zeros = np.zeros(target.n_embd, dtype=np.float32)
-        self._pos = llc.llama_pos(0)
-
-    @property
-    def n_past(self) -> int:
-        return len(self.tokens)
-
-    def decode(self, tokens: Sequence[int], hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Evaluate `tokens` at the next positions, token i read with hidden[i] (the hidden state of
-        the position before it). Returns the last position's logits row and its own hidden state
-        (copies): what the MTP head predicts next, and the h to read with the token drawn from it."""
-        n = len(tokens)
-        if n == 0 or hidden.shape != (n, self.n_embd):
-            raise ValueError(f"MTP decode needs one hidden row per token: {n} tokens, rows {hidden.shape}")
-        if self.n_past + n > self.target.n_ctx:
-            raise ContextFullError(f"context full: the MTP context holds {self.target.n_ctx} tokens")
-        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
-        start = 0
-        for start in range(0, n, self.n_batch):
-            stop = min(start + self.n_batch, n)
-            self._decode_chunk(tokens[start:stop], hidden[start:stop], last=stop == n)
-        logits = llc.llama_get_logits_ith(self._ctx, -1)
-        h = llc_ext.llama_get_embeddings_nextn_ith(self._ctx, n - start - 1)  # the last chunk's last row
-        if not logits or not h:
-            raise LlamaError("llama.cpp returned no MTP output")
-        return (np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).copy(),
-                np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy())
-
-    def _decode_chunk(self, chunk: Sequence[int], hidden: np.ndarray, *, last: bool) -> None:
-        b, pos0, m = self._batch, self.n_past, len(chunk)
-        llc.llama_batch_ext_clear(b)
-        row = ctypes.POINTER(ctypes.c_float)
-        base = hidden.ctypes.data
-        for i, tok in enumerate(chunk):
-            idx = llc.llama_batch_ext_add_token(b, 0, int(tok))
-            if idx < 0:
-                raise LlamaError(f"llama.cpp refused an MTP batch entry (error {idx})")
-            self._pos.value = pos0 + i
-            llc.llama_batch_ext_set_pos(b, idx, ctypes.byref(self._pos))
-            embd = llc.llama_embd(ctypes.cast(base + i * hidden.strides[0], row), 1, self.n_embd)
-            llc.llama_batch_ext_set_embd_token(b, idx, embd)  # llama.cpp copies it into the batch
-            llc.llama_batch_ext_set_output_logits(b, idx, last and i == m - 1)
-        t0 = time.perf_counter()
-        try:
-            rc = llc.llama_process(self._ctx, llc.LLAMA_PROCESS_TYPE_DECODE, b)
-            self.decode_seconds += time.perf_counter() - t0
-            if rc != 0:
-                llc.llama_memory_seq_rm(self._mem, 0, pos0, -1)
-                raise LlamaError(f"llama.cpp's MTP decode failed with code {rc}")
-            self.tokens.extend(chunk)
-        except BaseException:
-            self._resync()
-            raise
-
-    def _resync(self) -> None:
-        held = llc.llama_memory_seq_pos_max(self._mem, 0) + 1
-        del self.tokens[held:]
-        if held > len(self.tokens):  # decoded but not recorded: drop it rather than guess
-            llc.llama_memory_seq_rm(self._mem, 0, len(self.tokens), -1)
-
-    def truncate(self, n_keep: int) -> None:
-        """Drop positions n_keep.. (drafted positions, a rejected suffix)."""
-        if n_keep >= self.n_past:
-            return
-        n_keep = max(n_keep, 0)
-        try:
-            llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
-            del self.tokens[n_keep:]
-        except BaseException:
-            self._resync()
-            raise
-
-    def reset(self) -> None:
-        try:
-            llc.llama_memory_clear(self._mem, True)
-            self.tokens.clear()
-        except BaseException:
-            self._resync()
-            raise
-
-    def zeros(self) -> np.ndarray:
-        """The hidden state read with position 0 (there is none before it)."""
-        return self._zeros
-
-    def close(self) -> None:
-        if self._batch:
-            llc.llama_batch_ext_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            llc.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -11,6 +11,7 @@ import pytest
 from support import SHARED_MODELS_DIR
 
 from specli_synth.fixtures import FixtureModels, build_fixture_models
+from specli_synth.trained_drafters import TrainedDrafterFiles, write_trained_drafters
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,6 +37,14 @@ def fixture_models(tmp_path_factory: pytest.TempPathFactory) -> FixtureModels:
     .other_vocab has a different vocabulary of the same size, .target_with_template carries
     tokenizer.chat_template; .vocab is the shared vocabulary."""
     return build_fixture_models(tmp_path_factory.mktemp("fixture-models"))
+
+
+@pytest.fixture(scope="session")
+def trained_drafters(tmp_path_factory: pytest.TempPathFactory) -> TrainedDrafterFiles:
+    """A Qwen3-shaped target (.target) with EAGLE-3, DFlash and DSpark drafters, structured (.eagle3,
+    .dflash, .dspark: they predict what the target predicts) and random (.eagle3_random ...), in the
+    layouts llama.cpp's converter writes (~1 s)."""
+    return write_trained_drafters(tmp_path_factory.mktemp("trained-drafters"))
 
 
 @pytest.fixture(scope="session")

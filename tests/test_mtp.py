@@ -19,7 +19,8 @@ from sampling_reference import process_logits
 from support import null_tv_threshold, plain_greedy, tv
 
 from specli import GenerationParams, SamplingParams, load
-from specli.llama import LlamaError, Model, ModelOptions, MTPContext
+from specli.heads import MTPContext
+from specli.llama import LlamaError, Model, ModelOptions
 from specli_synth.mtp import build_mtp_fixture
 
 PROMPTS = ("Once upon a time", "The function returns")

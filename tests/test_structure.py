@@ -139,13 +139,17 @@ def test_reserved_drafter_names_cannot_name_a_model(name: str, tmp_path: Path) -
         load_config(path)
 
 
-def test_the_registry_builds_each_drafter(fixture_models) -> None:
+def test_the_registry_builds_each_drafter(fixture_models, trained_drafters) -> None:
     """Each entry's factory, through api.load as every front end uses it: the drafter it builds names
-    its tokens with the entry's name, or refuses the target with a message naming the way out."""
+    its tokens with the entry's name, or refuses the target with a message naming the way out. A
+    trained drafter's file says what it is (--draft FILE)."""
     for name, kind in DRAFTERS.items():
-        draft = fixture_models.draft if not kind.reserved else name
+        target, draft = fixture_models.target, fixture_models.draft if not kind.reserved else name
+        if hasattr(trained_drafters, name):
+            target, draft = trained_drafters.target, getattr(trained_drafters, name)
+            assert drafter_kind(draft) is kind
         try:
-            spec = load(fixture_models.target, draft, n_ctx=256, n_threads=1)
+            spec = load(target, draft, n_ctx=256, n_threads=1)
         except ValueError as e:
             assert kind.loads_target_mtp and "no MTP" in str(e)  # the fixture target has no MTP layers
             continue

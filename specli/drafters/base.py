@@ -210,3 +210,29 @@ class Drafter(ABC):
 
     def close(self) -> None:
         """Free what the drafter holds."""
+
+
+class CatchingUpDrafter(Drafter):
+    """A drafter that reads the committed positions only when a draft is asked for (an MTP head, a
+    trained head): what plain rounds committed since its last draft is their debt
+    (Draft.catch_up_seconds), not this draft's cost. p_min: --draft-p-min."""
+
+    p_min: float = 0.0
+    _debt = False  # plain rounds since the last draft: their positions are a catch-up debt
+    _drafted = False
+
+    def _catch_up_billed(self, seconds: float) -> float:
+        """A draft is being made after a catch-up of `seconds`: the part that is a debt."""
+        debt, self._debt, self._drafted = self._debt, False, True
+        return seconds if debt else 0.0
+
+    def _forget_debt(self) -> None:
+        self._debt = self._drafted = False
+
+    def accept(self, context: list[int]) -> None:
+        if not self._drafted:
+            self._debt = True
+        self._drafted = False
+
+    def set_p_min(self, p_min: float) -> None:
+        self.p_min = p_min

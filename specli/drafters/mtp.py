@@ -15,8 +15,9 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_positions
-from specli.llama import Model, MTPContext
+from specli.drafters.base import CatchingUpDrafter, Draft, DraftGate, Source, draft_positions
+from specli.heads import MTPContext
+from specli.llama import Model
 from specli.sampling import (
     Noise,
     Sampler,
@@ -47,7 +48,7 @@ def require_mtp(target: Model) -> None:
         )
 
 
-class MTPDrafter(Drafter):
+class MTPDrafter(CatchingUpDrafter):
     """Drafts with the MTP block of `target` (loaded with load_mtp) through an MTPContext.
 
     p_min: stop drafting in a round when the MTP head's top probability for the next position falls
@@ -61,8 +62,6 @@ class MTPDrafter(Drafter):
         self.mtp = MTPContext(target)
         self.p_min = p_min
         self._sampler = Sampler(SamplingParams(temperature=0.0), Noise(0))
-        self._debt = False  # plain rounds since the last draft: their tokens are a catch-up debt
-        self._drafted = False
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._sampler = sampler
@@ -71,7 +70,7 @@ class MTPDrafter(Drafter):
         # prefills, so the first round's catch-up is the pending token alone.
         if self.mtp.n_past < len(context) - 1:
             self._catch_up(context[:-1])
-        self._debt = False
+        self._forget_debt()
 
     def _keep_prefix(self, context: list[int]) -> None:
         """Keep the MTP positions whose tokens are still committed, but the pending one (draft()
@@ -107,8 +106,7 @@ class MTPDrafter(Drafter):
         row, h = self._catch_up(context)
         # The last round's verified tokens are read here every round (as llama.cpp's draft-mtp does
         # after each verify); only what plain rounds left behind is a debt, not this draft's cost.
-        catch_up = time.perf_counter() - t0 if self._debt else 0.0
-        self._debt, self._drafted = False, True
+        catch_up = self._catch_up_billed(time.perf_counter() - t0)
 
         def next_row(token: int) -> np.ndarray:
             # The drafted token reads the MTP head's own h: the target has not evaluated it.
@@ -124,17 +122,9 @@ class MTPDrafter(Drafter):
         finally:
             mtp.truncate(n)  # drafted positions hold MTP hidden states, not the target's
 
-    def accept(self, context: list[int]) -> None:
-        if not self._drafted:
-            self._debt = True
-        self._drafted = False
-
     def reset(self) -> None:
         self.mtp.reset()
-        self._debt = self._drafted = False
-
-    def set_p_min(self, p_min: float) -> None:
-        self.p_min = p_min
+        self._forget_debt()
 
     @property
     def decode_seconds(self) -> float:

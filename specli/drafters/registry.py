@@ -8,6 +8,7 @@ path or a models.toml name). `--ngram` puts n-gram lookup in front of a draft mo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # reading the table (models.toml's reserved names, --help) loads no llama.cpp
     from specli.drafters.base import Drafter
-    from specli.llama import Model
+    from specli.llama import Model, ModelOptions
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,13 @@ class BuildRequest:
     n_gpu_layers: int
     p_min: float
     ngram: bool  # with a draft model: n-gram lookup first (combined drafting)
+
+    def draft_options(self) -> ModelOptions:
+        """How the draft's file is loaded: the target's context, threads and arithmetic."""
+        from specli.llama import ModelOptions
+
+        return ModelOptions(n_ctx=self.target.n_ctx, n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers,
+                            batch_invariant=self.target.options.batch_invariant)
 
 
 @dataclass(frozen=True)
@@ -59,13 +67,11 @@ def _draft_model(req: BuildRequest) -> Drafter:
     from specli.drafters.combined import CombinedDrafter
     from specli.drafters.model import DraftModelDrafter
     from specli.drafters.ngram import NGramDrafter
-    from specli.llama import Model, ModelOptions
+    from specli.llama import Model
 
     assert req.draft_path is not None
     target = req.target
-    draft = Model(req.draft_path, ModelOptions(n_ctx=target.n_ctx, n_threads=req.n_threads,
-                                               n_gpu_layers=req.n_gpu_layers,
-                                               batch_invariant=target.options.batch_invariant))
+    draft = Model(req.draft_path, req.draft_options())
     try:
         # A recurrent/hybrid draft goes back through a checkpoint of its state (Model.checkpoint).
         require_compatible(target, draft)
@@ -74,6 +80,29 @@ def _draft_model(req: BuildRequest) -> Drafter:
         raise
     drafter = DraftModelDrafter(draft, target.n_vocab, p_min=req.p_min)
     return CombinedDrafter(drafter, NGramDrafter()) if req.ngram else drafter
+
+
+def _trained_head(req: BuildRequest) -> Drafter:
+    """A trained head (EAGLE-3, DFlash, DSpark) beside the loaded target: checked against it (hidden
+    size, layers, vocabulary), then the drafter its architecture runs."""
+    from specli.drafters.dflash import BlockDrafter
+    from specli.drafters.eagle3 import Eagle3Drafter
+    from specli.heads import HeadModel, head_problems
+
+    assert req.draft_path is not None
+    target = req.target
+    head = HeadModel(req.draft_path, req.draft_options())
+    try:
+        problems = head_problems(target, head)
+        if problems:
+            raise ValueError(f"{req.draft_path.name} cannot draft for {target.path.name}: "
+                             f"{'; '.join(problems)}")
+        if head.facts.architecture == "eagle3":
+            return Eagle3Drafter(target, head, p_min=req.p_min)
+        return BlockDrafter(target, head, trained_kind(req.draft_path) or "dflash", p_min=req.p_min)
+    except BaseException:
+        head.close()
+        raise
 
 
 def _ngram(req: BuildRequest) -> Drafter:
@@ -98,6 +127,15 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("mtp", True, "the target's MTP layers", "the target's own multi-token-prediction layers",
                 "green", _mtp, Equivalents("draft-mtp", "mtp", "NEXTN"), loads_target_mtp=True,
                 takes_p_min=True, in_bench=False),
+    # Trained drafters: a GGUF whose architecture says what it is (--draft FILE selects them itself).
+    DrafterKind("eagle3", False, "an EAGLE-3 head", "a trained one-layer head reading three target layers",
+                "blue", _trained_head, Equivalents("draft-eagle3", "eagle3", "EAGLE3"), takes_p_min=True),
+    DrafterKind("dflash", False, "a DFlash drafter", "a trained block drafter: a whole block in one pass",
+                "bright_magenta", _trained_head, Equivalents("draft-dflash", "dflash", None),
+                takes_p_min=True),
+    DrafterKind("dspark", False, "a DSpark drafter",
+                "a trained block drafter with a Markov head and a confidence head",
+                "bright_blue", _trained_head, Equivalents("draft-dspark", None, None), takes_p_min=True),
 )}
 DRAFT_MODEL = DRAFTERS["draft"]
 NGRAM_LOOKUP = DRAFTERS["ngram"]  # what --ngram puts in front of a draft model (combined drafting)
@@ -105,10 +143,41 @@ RESERVED_NAMES: tuple[str, ...] = tuple(k.name for k in DRAFTERS.values() if k.r
 
 
 def drafter_kind(draft: str | Path | None) -> DrafterKind | None:
-    """What `--draft VALUE` selects: a reserved kind by name, a draft model otherwise; None: no draft."""
+    """What `--draft VALUE` selects: a reserved kind by name; a file, the kind its GGUF says it is (a
+    trained head, or else a draft model); None: no draft."""
     if draft is None:
         return None
-    return DRAFTERS.get(str(draft)) if str(draft) in RESERVED_NAMES else DRAFT_MODEL
+    if str(draft) in RESERVED_NAMES:
+        return DRAFTERS[str(draft)]
+    trained = trained_kind(draft)
+    return DRAFTERS[trained] if trained else DRAFT_MODEL
+
+
+def trained_kind(path: str | Path) -> str | None:
+    """"eagle3", "dflash" or "dspark" when `path` is such a drafter's GGUF (its architecture, and
+    DSpark's Markov head, as llama.cpp tells them apart), else None (a draft model, or no such file:
+    loading says what is wrong with it)."""
+    path = Path(path).expanduser()
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _trained_kind(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _trained_kind(path: str, size: int, mtime: int) -> str | None:
+    from specli.gguf_info import GGUFError, read_gguf_info
+
+    try:
+        info = read_gguf_info(path)
+    except (GGUFError, OSError, ValueError):
+        return None
+    if info.architecture == "eagle3":
+        return "eagle3"
+    if info.architecture == "dflash":
+        return "dspark" if any(t.name == "markov_w1.weight" for t in info.all_tensors) else "dflash"
+    return None
 
 
 def colour_of(source: str) -> str:

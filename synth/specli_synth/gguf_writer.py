@@ -21,6 +21,7 @@ ProgressCallback = Callable[[str, float], None]
 """``progress(stage, fraction)``: *stage* is a short human-readable label, *fraction* in [0, 1]."""
 
 WeightDType = Literal["f32", "f16", "q8_0"]
+StoredDType = Literal["f32", "f16", "q8_0", "i64"]  # i64: index tables (a drafter's d2t)
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,6 @@ def write_llama_gguf(
     lengths that are multiples of 32). The vocabulary is written as ``tokenizer.ggml.model = "llama"``
     with ``add_bos_token = true`` and ``add_eos_token = false``.
     """
-    import gguf  # imported lazily: only needed when writing
-
     if len(vocab) != spec.n_vocab:
         raise ValueError(f"vocabulary has {len(vocab)} tokens but spec.n_vocab is {spec.n_vocab}")
     shapes = spec.tensor_shapes()
@@ -113,23 +112,9 @@ def write_llama_gguf(
         raise ValueError(f"weights do not match spec: missing {missing[:5]}, unknown {unknown[:5]}")
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")  # renamed into place when complete
-    writer = gguf.GGUFWriter(partial, "llama")
-    writer.add_name(spec.name)
-    writer.add_file_type(llama_ftype(dtype))
-    if dtype == "q8_0":
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_vocab_size(spec.n_vocab)
-    writer.add_context_length(spec.n_ctx_train)
-    writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(spec.n_layer)
-    writer.add_feed_forward_length(spec.n_ff)
-    writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(spec.n_head_kv)
-    writer.add_rope_dimension_count(spec.head_dim)
-    writer.add_rope_freq_base(spec.rope_theta)
-    writer.add_layer_norm_rms_eps(spec.rms_eps)
+    writer, partial = open_writer(path, "llama", spec.name, spec.n_vocab, dtype)
+    add_attention_keys(writer, spec.n_ctx_train, spec.n_embd, spec.n_layer, spec.n_ff, spec.n_head,
+                       spec.n_head_kv, spec.head_dim, spec.rope_theta, spec.rms_eps)
 
     add_spm_vocab(writer, vocab)
     if chat_template is not None:
@@ -137,6 +122,41 @@ def write_llama_gguf(
 
     stored_dtype = {name: ("f32" if len(shape) == 1 else dtype) for name, shape in shapes.items()}
     return write_tensors(writer, path, partial, shapes, stored_dtype, weights, progress)
+
+
+def open_writer(path: Path, arch: str, name: str, n_vocab: int, dtype: WeightDType) -> tuple[Any, Path]:
+    """A gguf.GGUFWriter of architecture *arch* on a temporary file beside *path* (write_tensors
+    renames it into place when complete), with the general keys; returns (writer, temporary path)."""
+    import gguf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    writer = gguf.GGUFWriter(partial, arch)
+    writer.add_name(name)
+    writer.add_file_type(llama_ftype(dtype))
+    if dtype == "q8_0":
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_vocab_size(n_vocab)
+    return writer, partial
+
+
+def add_attention_keys(writer: Any, n_ctx_train: int, n_embd: int, n_layer: int, n_ff: int, n_head: int,
+                       n_head_kv: int, head_dim: int, rope_theta: float, rms_eps: float, *,
+                       key_length: bool = False) -> None:
+    """The hyperparameter keys of a stack of attention blocks with RMS norms and RoPE over whole heads
+    (*key_length*: state the head size, for a model whose heads are not n_embd / n_head wide)."""
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    if key_length:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_layer_norm_rms_eps(rms_eps)
 
 
 def llama_ftype(dtype: WeightDType) -> int:
@@ -162,7 +182,7 @@ def write_tensors(
     path: Path,
     partial: Path,
     shapes: Mapping[str, tuple[int, ...]],
-    stored_dtype: Mapping[str, WeightDType],
+    stored_dtype: Mapping[str, StoredDType],
     weights: Mapping[str, np.ndarray | Callable[[], np.ndarray]],
     progress: ProgressCallback | None = None,
 ) -> Path:
@@ -183,7 +203,7 @@ def write_tensors(
             array = np.asarray(source() if callable(source) else source)
             if array.shape != shape:
                 raise ValueError(f"{name}: expected numpy shape {shape}, got {array.shape}")
-            if not np.all(np.isfinite(array)):
+            if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
                 raise ValueError(f"{name}: non-finite values")
             writer.write_tensor_data(encode_tensor(array, stored_dtype[name]))
             done += array.size
@@ -198,11 +218,14 @@ def write_tensors(
     return path
 
 
-def add_tensor_info(writer: Any, name: str, shape: tuple[int, ...], dtype: WeightDType) -> None:
+def add_tensor_info(writer: Any, name: str, shape: tuple[int, ...], dtype: StoredDType) -> None:
     import gguf
 
     n = int(np.prod(shape))
-    if dtype == "f32":
+    if dtype == "i64":
+        writer.add_tensor_info(name, shape, np.dtype(np.int64), n * 8,
+                               raw_dtype=gguf.GGMLQuantizationType.I64)
+    elif dtype == "f32":
         writer.add_tensor_info(name, shape, np.dtype(np.float32), n * 4)
     elif dtype == "f16":
         writer.add_tensor_info(name, shape, np.dtype(np.float16), n * 2)
@@ -215,7 +238,9 @@ def add_tensor_info(writer: Any, name: str, shape: tuple[int, ...], dtype: Weigh
         )
 
 
-def encode_tensor(array: np.ndarray, dtype: WeightDType) -> np.ndarray:
+def encode_tensor(array: np.ndarray, dtype: StoredDType) -> np.ndarray:
+    if dtype == "i64":
+        return np.ascontiguousarray(array, dtype=np.int64)
     if dtype == "f32":
         return np.ascontiguousarray(array, dtype=np.float32)
     if dtype == "f16":

@@ -12,6 +12,7 @@ import numpy as np
 
 from specli_synth.gguf_writer import LlamaSpec
 from specli_synth.model_config import SynthModelConfig
+from specli_synth.rope_heads import peak_weights
 
 
 def copy_head(
@@ -142,23 +143,5 @@ def previous_token_query_key(spec: LlamaSpec, const_dim: int) -> tuple[np.ndarra
 def _previous_token_rope_weights(
     head_dim: int, rope_theta: float, n_ctx: int, margin: float = 8.0
 ) -> np.ndarray:
-    """Per-RoPE-pair score weights making distance 1 beat every other distance by *margin* nats.
-
-    The score at distance t is ``sum_p w_p cos((t - 1) theta_p)``: fast-rotating pairs separate
-    neighbours, and the weights are scaled by the worst competitor over the whole context.
-    """
-    theta = rope_theta ** (-2.0 * np.arange(head_dim // 2) / head_dim)
-    distances = np.arange(n_ctx, dtype=np.float64)[:, None]
-    best: tuple[float, np.ndarray] | None = None
-    for min_theta in (0.02, 0.05, 0.1, 0.3):
-        for power in (0.0, 0.5, 1.0):
-            w = np.where(theta >= min_theta, theta**power, 0.0)
-            if not w.any():
-                continue
-            w /= w.sum()
-            score = (w * np.cos((distances - 1) * theta)).sum(axis=1)
-            gap = score[1] - np.delete(score, 1).max()
-            if best is None or gap > best[0]:
-                best = (gap, w)
-    assert best is not None
-    return (best[1] * margin / best[0]).astype(np.float32)
+    """Per-RoPE-pair score weights making distance 1 beat every other distance by *margin* nats."""
+    return peak_weights(head_dim, rope_theta, n_ctx, [1], margin=margin)

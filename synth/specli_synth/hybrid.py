@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from specli_synth.fixtures import FIXTURE_DRAFT, FIXTURE_TARGET, fixture_vocab, reseed
-from specli_synth.gguf_writer import WeightDType, add_spm_vocab, llama_ftype, write_tensors
+from specli_synth.gguf_writer import WeightDType, add_spm_vocab, open_writer, write_tensors
 from specli_synth.ngram_model import SynthModelConfig, config_factors, ngram_llama_weights, random_matrix
 from specli_synth.vocab import TrainedVocab, Vocab
 
@@ -145,8 +145,6 @@ def _write_gguf(
 ) -> Path:
     """The common part: general keys, *keys(writer, arch)*, the vocabulary, then the tensors (1-D
     ones and those whose name contains *f32_marker* as F32, the rest as *dtype*)."""
-    import gguf
-
     if len(vocab) != n_vocab:
         raise ValueError(f"vocabulary has {len(vocab)} tokens but the spec's n_vocab is {n_vocab}")
     if set(weights) != set(shapes):
@@ -155,12 +153,7 @@ def _write_gguf(
             f"unknown {sorted(set(weights) - set(shapes))[:5]}"
         )
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(partial, arch)
-    writer.add_name(name)
-    writer.add_file_type(llama_ftype(dtype))
-    writer.add_vocab_size(n_vocab)
+    writer, partial = open_writer(path, arch, name, n_vocab, dtype)
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     keys(writer, arch)

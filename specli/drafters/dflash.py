@@ -1,0 +1,121 @@
+"""DFlash and DSpark: trained block drafters that propose a whole block of tokens in one forward pass.
+
+As llama.cpp's draft-dflash / draft-dspark (common/speculative.cpp): the target's features at each
+committed position go into the drafter's KV cache (a projection per layer, no attention), then the
+block [last token, <mask> ...] is decoded at once, every row a draft position:
+
+* DFlash: the masks denoise in place: row i (i >= 1) is the token at the pending position + i.
+* DSpark: anchor-first blocks (`dflash.sample_from_anchor`): row i is the token after position
+  pending + i, a Markov head biases each row by the previous row's argmax (inside llama.cpp's graph),
+  and a confidence head predicts each row's acceptance.
+
+The block's positions are dropped from the cache right after, so the cache holds the committed
+positions' injected features only, as a fresh run's would. Each row's distribution is the head's own
+(its logits under the run's sampling settings), and the tokens are drawn from them (keyed as the
+target draws with same-as-plain), so the classic rule's q is exactly what was drawn from. The block
+length is the round's k (at most the trained block); the gate then keeps the prefix that pays, from
+every row's confidence at once.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from specli.drafters.base import Draft, DraftGate, HeldPosition, Source
+from specli.drafters.head import HeadDrafter
+from specli.heads import BlockContext, HeadModel
+from specli.llama import Model
+from specli.sampling import Dist, Sampler, distribution, greedy_token, mask_banned, top_probability
+
+
+class BlockDrafter(HeadDrafter):
+    """Drafts with a DFlash or DSpark head (HeadModel, which it takes over) beside `target`; `name` is
+    the registry's ("dflash" or "dspark").
+
+    p_min: drafts stop at the first row whose confidence falls below it (DSpark's confidence head
+    where it has one, else the row's top probability): llama.cpp's --spec-draft-p-min."""
+
+    def __init__(self, target: Model, head: HeadModel, name: str, *, p_min: float = 0.0) -> None:
+        facts = head.facts
+        super().__init__(target, BlockContext(head, target), p_min=p_min)
+        self.name = name
+        self.sources = (Source(name),)
+        # Anchor-first (DSpark): the anchor's row is the first draft, a block of b drafts b rows.
+        # DFlash: the anchor's row predicts nothing new, b drafts take b + 1 rows.
+        self.anchor_first = facts.markov and facts.sample_from_anchor
+        self.max_k = facts.block_size if self.anchor_first else facts.block_size - 1
+        # (_seen: the tokens of the positions whose features the cache holds.)
+
+    def begin(self, context: list[int], sampler: Sampler) -> None:
+        self._sampler = sampler
+        self.head.truncate(self._kept(context))
+        self._inject(context)
+        self._forget_debt()
+
+    def _inject(self, context: list[int]) -> None:
+        """The features of every position the target evaluated (all but the pending token)."""
+        evaluated = len(context) - 1
+        start = self.head.n_past
+        if evaluated > start:
+            self.head.inject(self.features.rows(start, evaluated))
+            self.features.release(evaluated)
+        self._seen = list(context[: self.head.n_past])
+
+    def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
+        n = len(context)
+        k = min(k, self.max_k)
+        if k < 1:
+            return Draft.empty(self.name)
+        t0 = time.perf_counter()
+        self.head.truncate(n - 1)
+        self._inject(context)
+        catch_up = self._catch_up_billed(time.perf_counter() - t0)
+        try:
+            rows_asked = k + (0 if self.anchor_first else 1)
+            logits, head_confidence = self.head.decode_block(context[n - 1], rows_asked)
+            rows = logits if self.anchor_first else logits[1:]
+            if head_confidence is not None and not self.anchor_first:
+                head_confidence = head_confidence[1:]
+            return self._propose(rows, head_confidence, n, gate, catch_up)
+        finally:
+            self.head.truncate(n - 1)  # the block's rows are the head's guesses, not features
+
+    def _propose(self, rows: np.ndarray, head_confidence: np.ndarray | None, position: int,
+                 gate: DraftGate | None, catch_up: float) -> Draft:
+        """Each row's distribution and confidence (known before any draw: a stop never depends on a
+        drawn token, which would bias what is proposed), the prefix the gate and p_min keep, then the
+        draws."""
+        sampler = self._sampler
+        params = sampler.params.unbanned
+        width = self.target.n_vocab
+        qs: list[Dist | None] = []
+        confidence: list[float] = []
+        for i in range(len(rows)):
+            row = rows[i, :width]
+            mask_banned(row[None, :], sampler.params.banned)
+            q = None if params.greedy else distribution(row, params, width=width)
+            qs.append(q)
+            if head_confidence is not None:
+                confidence.append(float(head_confidence[i]))
+            else:
+                confidence.append(q.top() if q is not None else top_probability(row))
+        n_keep = len(rows)
+        if self.p_min:
+            n_keep = next((i for i, c in enumerate(confidence) if c < self.p_min), n_keep)
+        if gate is not None:
+            n_keep = min(n_keep, gate.best_prefix(confidence[:n_keep]))
+
+        def draw(i: int) -> int:
+            q = qs[i]
+            return greedy_token(rows[i, :width], params.banned) if q is None else \
+                sampler.draft_draw(q, position + i, position)
+
+        tokens = [draw(i) for i in range(n_keep)]
+        held = None
+        if n_keep < len(rows):
+            q = qs[n_keep]
+            held = HeldPosition(draw(n_keep), q, confidence[n_keep])
+        probs = [q for q in qs[:n_keep] if q is not None] or None
+        return Draft(tokens, probs, self.name, confidence[:n_keep], held, catch_up, False)

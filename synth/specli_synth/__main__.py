@@ -1,0 +1,34 @@
+"""``python -m specli_synth COMMAND``: write synthetic model sets from the command line.
+
+    python -m specli_synth trained-drafters DIR [--size tiny] [--seed N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specli_synth", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    trained = commands.add_parser(
+        "trained-drafters", help="a Qwen3-shaped target with EAGLE-3, DFlash and DSpark drafters")
+    trained.add_argument("directory")
+    trained.add_argument("--size", choices=("tiny",), default="tiny")
+    trained.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    from specli_synth.trained_drafters import write_trained_drafters
+
+    started = time.perf_counter()
+    files = write_trained_drafters(args.directory, size=args.size, seed=args.seed)
+    for name, path in vars(files).items():
+        print(f"{name:14} {path}")
+    print(f"written in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
