@@ -260,7 +260,9 @@ def eagle3_weights(config: SynthModelConfig, factors: NgramFactors, sizes: Draft
     if not structured:
         return shape, weights
     width = n_head * hd
-    w = peak_weights(hd, config.rope_theta, 512, [0], margin=12.0)
+    # Mostly the position itself, a little of the recent ones (as trained heads attend): a row a
+    # rollback left behind moves the logits.
+    w = peak_weights(hd, config.rope_theta, 512, [0], margin=5.0)
     q, k = peaked_query_key(hd, w, 0, config.rope_theta)
 
     def fc() -> np.ndarray:
@@ -628,20 +630,24 @@ class TrainedDrafterFiles:
     dspark_random: Path
 
 
-def write_trained_drafters(directory: str | Path, *, size: str = "tiny", seed: int = 0
+def write_trained_drafters(directory: str | Path, *, size: str = "tiny", seed: int = 0,
+                           target_width: int | None = None, dtype: WeightDType | None = None,
                            ) -> TrainedDrafterFiles:
     """Write the set into *directory* (``target.gguf``, ``eagle3.gguf``, ``dflash.gguf``, ``dspark.gguf``
     and ``*-random.gguf``). *size* ``tiny``: the fixture vocabulary (600 tokens, statistics of the
-    fixture story), a 64-wide 4-layer target, built in about a second."""
+    fixture story), a 384-wide 4-layer target, built in about a second. *target_width*: another width
+    (512: rows K-quants take, for a target quantized afterwards). *dtype*: the matrices' (F32 by
+    default; llama.cpp computes Q8_0 rows bit for bit alike in any batch, F32 ones within ~1e-6)."""
     from specli_synth.ngram_model import config_factors
 
     if size != "tiny":
         raise ValueError(f"unknown size {size!r}: tiny")
     directory = Path(directory)
     trained = fixture_vocab()
-    config = replace(TRAINED_TARGET, seed=TRAINED_TARGET.seed + 1000 * seed)
+    config = replace(TRAINED_TARGET, seed=TRAINED_TARGET.seed + 1000 * seed,
+                     n_embd=target_width or TRAINED_TARGET.n_embd)
     factors = config_factors(trained, config)
-    vocab, sizes = trained.vocab, TINY_SIZES
+    vocab, sizes = trained.vocab, replace(TINY_SIZES, dtype=dtype or TINY_SIZES.dtype)
     target = write_qwen3_target(directory / "target.gguf", config, factors, vocab, sizes.dtype)
     files = {"target": target}
     for structured in (True, False):
