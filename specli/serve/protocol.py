@@ -7,7 +7,10 @@ Errors are `ApiError`s: an HTTP status and OpenAI's `{"error": {"message", "type
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -18,6 +21,7 @@ from specli.events import TokenEvent
 from specli.settings import (
     REQUEST,
     REQUEST_FIELDS,
+    SETTINGS,
     RunSettings,
     SettingError,
     UsageProblem,
@@ -27,6 +31,16 @@ from specli.settings import (
 from specli.stats import GenerationStats
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a 128k-token conversation is well under 1 MiB of JSON
+# JSON values (texts, numbers, lists, objects, field names included) one body may hold besides a token-id
+# prompt's numbers (the context's size): thousands of messages, never the millions that 8 MiB can spell
+# (each costs 50-200 bytes once parsed: a million tiny messages took ~200 MB).
+MAX_JSON_VALUES = 65_536
+MAX_NUMBER_CHARS = 40  # digits of a JSON number (a double needs 24; a 64-bit integer 20)
+MAX_STOP_STRINGS = 16  # OpenAI takes 4; each is searched for after every token
+MAX_STOP_CHARS = 500  # per stop text
+MAX_ECHO_CHARS = 100  # of a value a message repeats
+RETRY_AFTER_SECONDS = 2  # what a refusal for load (429, 503) tells a client to wait
+MAX_MESSAGE_BYTES = 600  # an error's message, as JSON: the whole error body stays under 1 KB
 
 CHAT = "chat"
 TEXT = "text"
@@ -44,8 +58,10 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  code: str | None = None, param: str | None = None,
                  headers: Mapping[str, str] | None = None) -> None:
+        message = fitted(message)
         super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self.status, self.message, self.type, self.code = status, message, type, code
+        self.param = None if param is None else shorten(param)
         self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
@@ -54,6 +70,20 @@ class ApiError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, code=code, param=param)
+
+
+def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """`text`, cut to `limit` characters (the last three "...") when it is longer."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def fitted(message: str) -> str:
+    """An error message that stays under MAX_MESSAGE_BYTES once written as JSON, whatever characters
+    it echoes (a control character takes 6 bytes, an emoji 4)."""
+    if len(message) * 6 <= MAX_MESSAGE_BYTES or \
+            len(json.dumps(message, ensure_ascii=False).encode()) <= MAX_MESSAGE_BYTES:
+        return message
+    return shorten(message, MAX_MESSAGE_BYTES // 6)
 
 
 # -- requests -------------------------------------------------------------------------------------------
@@ -73,9 +103,23 @@ class CompletionRequest:
     cache_prompt: bool = True  # llama-server's field: False evaluates the whole prompt afresh
 
 
-def parse_json(raw: bytes) -> dict[str, Any]:
+# A JSON text's values, for counting them before parsing: a text (its escaped quotes and backslashes
+# removed first), a list or an object (their opening), a number, a literal.
+_JSON_VALUE = re.compile(rb'"[^"]*"|[\[{]|-?[0-9][0-9.eE+-]*|true|false|null')
+# JSON escapes that can write half of a character (\ud800-\udfff): only then can a parsed text hold one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def parse_json(raw: bytes | bytearray, max_values: int = MAX_JSON_VALUES) -> dict[str, Any]:
     """A request body: a JSON object in UTF-8 (RFC 8259: no other encoding, no byte order mark) whose
-    texts are all valid Unicode (JSON's escapes can write a lone surrogate, which no text can hold)."""
+    texts are all valid Unicode (JSON's escapes can write a lone surrogate, which no text can hold), of at
+    most `max_values` values (413 before it is parsed) and numbers of at most MAX_NUMBER_CHARS characters
+    that a double holds (RFC 8259 lets an implementation limit their range)."""
+    n_values = count_json_values(raw, max_values + 1)
+    if n_values > max_values:
+        raise ApiError(413, f"the request body holds more than {max_values:,} JSON values (texts, numbers, "
+                       "lists, objects), this server's limit", code="request_too_large")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -85,40 +129,88 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, "the request body starts with a byte order mark: send JSON in UTF-8 without one",
                        code="invalid_json")
     try:
-        body = json.loads(text)
+        body = json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
     except (ValueError, RecursionError) as e:
-        message = str(e) if len(str(e)) <= 120 else str(e)[:117] + "..."
-        raise ApiError(400, f"the request body is not valid JSON: {message}", code="invalid_json") from None
+        raise ApiError(400, f"the request body is not valid JSON: {shorten(str(e), 120)}",
+                       code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {_json_type(body)}",
                        code="invalid_json")
-    where = _lone_surrogate(body)
-    if where is not None:
-        raise bad_request(f"{where or 'a field name'} holds a lone surrogate (an escape such as \\ud800 "
-                          "that is half of a character): it is not text", where or None)
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        del text
+        where = _lone_surrogate(body)
+        if where is not None:
+            raise bad_request(f"{where or 'a field name'} holds a lone surrogate (an escape such as \\ud800 "
+                              "that is half of a character): it is not text", where or None)
     return body
 
 
+def count_json_values(raw: bytes | bytearray, at_most: int) -> int:
+    """How many values (field names included) the JSON text `raw` holds, counted up to `at_most`: linear
+    in its length, with no object per value (the escapes go first, so that no quote inside a text ends
+    it; what is not JSON is the parser's to refuse)."""
+    flat = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
+    return sum(1 for _ in itertools.islice(_JSON_VALUE.finditer(flat), at_most))
+
+
+def _json_int(literal: str) -> int:
+    if len(literal) > MAX_NUMBER_CHARS:
+        raise _number_too_long(literal)
+    return int(literal)
+
+
+def _json_float(literal: str) -> float:
+    if len(literal) > MAX_NUMBER_CHARS:
+        raise _number_too_long(literal)
+    value = float(literal)
+    if not math.isfinite(value):
+        raise bad_request(f"the number {literal} is beyond the range of a double (about 1.8e308)")
+    return value
+
+
+def _json_constant(literal: str) -> float:
+    raise ApiError(400, f"the request body is not valid JSON: {literal} is not a JSON number",
+                   code="invalid_json")
+
+
+def _number_too_long(literal: str) -> ApiError:
+    return bad_request(f"a number of {len(literal):,} characters ({shorten(literal, 24)}): numbers here have "
+                       f"at most {MAX_NUMBER_CHARS}")
+
+
 def _lone_surrogate(body: dict[str, Any]) -> str | None:
-    """The path of the first text (or field name: "") holding a lone surrogate, None if none does."""
-    stack: list[tuple[str, Any]] = [("", body)]
+    """The path of the first text (or field name: "") holding a lone surrogate, None if none does. A walk
+    that keeps one iterator per open list or object, and builds a path only for the text it reports."""
+    keys: list[str | int] = []  # the key (or index) of each open container in its parent
+    stack: list[Any] = [iter(body.items())]
     while stack:
-        path, value = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return path
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                try:
-                    key.encode("utf-8")
-                except UnicodeEncodeError:
-                    return ""
-                stack.append((f"{path}.{key}" if path else key, item))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        for key, value in stack[-1]:
+            if isinstance(key, str) and not key.isascii() and _SURROGATE.search(key):
+                return ""
+            if isinstance(value, str):
+                if not value.isascii() and _SURROGATE.search(value):
+                    return _path([*keys, key])
+            elif isinstance(value, dict):
+                keys.append(key)
+                stack.append(iter(value.items()))
+                break
+            elif isinstance(value, list):
+                keys.append(key)
+                stack.append(enumerate(value))
+                break
+        else:
+            stack.pop()
+            if keys:
+                keys.pop()
     return None
+
+
+def _path(keys: list[str | int]) -> str:
+    """A value's place as the request spells it: `messages[2].content`."""
+    out = ""
+    for key in keys:
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else key)
+    return out
 
 
 def parse_completion_request(body: Mapping[str, Any], kind: str, defaults: RunSettings) -> CompletionRequest:
@@ -146,32 +238,63 @@ def request_settings(body: Mapping[str, Any], defaults: RunSettings) -> RunSetti
         if outer in body and body[outer] is not None and not isinstance(body[outer], dict):
             raise bad_request(f"{outer} must be an object such as {{\"n_max\": 4}}, not {_show(body[outer])}",
                               outer, "invalid_type")
+    given: dict[str, Any] = {}  # the values as the request spells their fields, for messages
     raw: dict[str, Any] = {}
     for field, name in REQUEST_FIELDS.items():
         if name != "max_tokens":
-            raw[name] = _field(body, field)
+            raw[name] = given[field] = _field(body, field)
+    _check_stops(raw["stop"])
     try:
         settings = defaults.merged(parse_updates(raw, REQUEST))
         # Every length field given is checked, the strongest one applies.
         lengths = []
         for field in LENGTH_FIELDS:
-            value = body.get(field)
+            value = given[field] = body.get(field)
             if value is None or (field == "n_predict" and value == -1):  # llama-server's -1: no limit
                 continue
             source = replace(REQUEST, spellings={**REQUEST.spellings, "max_tokens": field})
             lengths.append(parse_updates({"max_tokens": value}, source))
         return settings.merged(lengths[0]) if lengths else settings
     except SettingError as e:
-        raise bad_request(str(e), e.option) from None
+        message = str(e)
+        if len(message) > 2 * MAX_ECHO_CHARS:  # the settings' message repeats the whole value
+            expected = SETTINGS[REQUEST_FIELDS.get(e.option, "max_tokens")].expected
+            message = f"{e.option} must be {expected}, got {_show(given.get(e.option))}"
+        raise bad_request(message, e.option) from None
 
 
 def _field(body: Mapping[str, Any], field: str) -> Any:
-    """A field by its name; a dotted name (llama-server's `speculative.n_max`) also as a nested object."""
-    if field in body or "." not in field:
+    """A field by its name; a dotted name (llama-server's `speculative.n_max`) also as a nested object,
+    but not both at once, and never null (an extension's field has no null to fall back on)."""
+    if "." not in field:
         return body.get(field)
     outer, inner = field.split(".", 1)
     nested = body.get(outer)
-    return nested.get(inner) if isinstance(nested, dict) else None
+    inside = isinstance(nested, dict) and inner in nested
+    if field in body and inside:
+        raise bad_request(f"{field} is given twice (as \"{field}\" and inside \"{outer}\"): give it once",
+                          field)
+    if not inside and field not in body:
+        return None
+    value = nested[inner] if inside else body[field]
+    if value is None:
+        expected = SETTINGS[REQUEST_FIELDS[field]].expected
+        raise bad_request(f"{field} must be {expected}, not null (leave it out for the server's default)",
+                          field, "invalid_type")
+    return value
+
+
+def _check_stops(stop: Any) -> None:
+    """At most MAX_STOP_STRINGS stop texts of MAX_STOP_CHARS each: every one is looked for after each
+    token (500,000 of them took generation from 70 to 0.8 tokens/s)."""
+    if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+        raise bad_request(f"stop holds {len(stop):,} texts: this server takes at most {MAX_STOP_STRINGS}",
+                          "stop")
+    for i, text in enumerate([stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []):
+        if isinstance(text, str) and len(text) > MAX_STOP_CHARS:
+            where = "stop" if isinstance(stop, str) else f"stop[{i}]"
+            raise bad_request(f"{where} is {len(text):,} characters long: a stop text has at most "
+                              f"{MAX_STOP_CHARS}", where)
 
 
 def _optional_bool(body: Mapping[str, Any], field: str, name: str | None = None, *,

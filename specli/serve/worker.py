@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from specli.events import RoundEvent, TokenEvent
@@ -105,17 +105,19 @@ class Job:
 
 
 class GenerationWorker:
-    """The thread that owns the models. `load` runs on it first; `on_ready` / `on_failed` report how
-    that went (called on the thread). Then it runs the submitted jobs one by one until `stop()`;
-    `close()` frees the models once it has ended."""
+    """The thread that owns the models. `load` runs on it first; then `on_loaded` prepares what serving
+    needs besides the models, and `on_ready` says that jobs are taken (or `on_failed` that the load
+    failed; all three are called on the thread). Then it runs the submitted jobs one by one until
+    `stop()`; `close()` frees the models once it has ended."""
 
     def __init__(self, load: Callable[[], Speculator], *, max_waiting: int,
-                 on_ready: Callable[[Speculator], None], on_failed: Callable[[BaseException], None]) -> None:
+                 on_ready: Callable[[Speculator], None], on_failed: Callable[[BaseException], None],
+                 on_loaded: Callable[[Speculator], None] = lambda spec: None) -> None:
         self.max_waiting = max_waiting
         self.state = LOADING
         self.spec: Speculator | None = None
         self.running: Job | None = None
-        self._load, self._on_ready, self._on_failed = load, on_ready, on_failed
+        self._load, self._on_loaded, self._on_ready, self._on_failed = load, on_loaded, on_ready, on_failed
         self._waiting: deque[Job] = deque()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -215,9 +217,10 @@ class GenerationWorker:
         try:
             if stopped_while_loading:  # a stop signal during the load: never "ready"
                 return
-            self._on_ready(spec)
+            self._on_loaded(spec)
             with self._lock:
                 self.state = READY
+            self._on_ready(spec)  # said once a request can be served (a client may act on it at once)
             while True:
                 with self._lock:
                     while not self._waiting and not self._stopping:
@@ -245,14 +248,19 @@ class GenerationWorker:
                 spec.engine.reset()
             generation = spec.generate(job.tokens, job.params)
             released: list[TokenEvent] = []
+            rounds: list[RoundEvent] = []
+            in_reply: Counter[int] = Counter()  # the reply's tokens by the round that verified them
             cut_short = None
             try:
                 for event in generation:
                     if isinstance(event, TokenEvent):
                         released.append(event)
-                    elif isinstance(event, RoundEvent) and released:
-                        job.deliver(released)  # a round's tokens arrive together: one hand-over each
-                        released = []
+                        in_reply[event.round] += 1
+                    elif isinstance(event, RoundEvent):
+                        rounds.append(event)
+                        if released:
+                            job.deliver(released)  # a round's tokens arrive together: one hand-over each
+                            released = []
                     if job.cancel_reason is not None:
                         break
             except DecodeAborted:  # cancel() or stop() stopped a decode (the prompt's, most often)
@@ -263,6 +271,25 @@ class GenerationWorker:
                 generation.interrupt()
             if released:
                 job.deliver(released)
-            job.deliver(Finished(generation.stats, generation.text, cut_short))
+            stats = generation.stats
+            if stats.stop_reason == "stop":
+                stats = drafts_in_reply(stats, rounds, in_reply)
+            job.deliver(Finished(stats, generation.text, cut_short))
         except Exception as e:  # noqa: BLE001 - the request fails, the server goes on
             job.deliver(Failed(e))
+
+
+def drafts_in_reply(stats: GenerationStats, rounds: list[RoundEvent], in_reply: Counter[int]
+                    ) -> GenerationStats:
+    """`stats` with only the drafts the reply reached counted as drafted and accepted. A stop text that
+    spans tokens is not part of the reply, and may begin rounds before the one that completed it; the
+    engine counts the drafts up to its end (so a reply of 4 tokens had 8 accepted drafts)."""
+    last = max((index for index, n in in_reply.items() if n), default=-1)
+    drafted = accepted = 0
+    for r in rounds:
+        if r.index < last or (r.index == last and in_reply[r.index] == r.accepted + 1):
+            drafted, accepted = drafted + r.judged, accepted + r.kept  # every token of it is in the reply
+        elif r.index == last:
+            drafted += min(r.k, in_reply[r.index])
+            accepted += min(r.accepted, in_reply[r.index])
+    return replace(stats, drafted=drafted, accepted=accepted)
