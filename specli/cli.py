@@ -532,6 +532,12 @@ def serve(
         help="A web page's origin (http://host:port) that may call the API from a browser, with CORS "
         "(repeatable).",
     ),
+    parse_special: bool = typer.Option(
+        False, "--parse-special",
+        help="Read control tokens' texts in message content (<end_of_turn>, <|im_end|>) as control tokens, "
+        "as llama-server does; by default content is text, so that no message can end its turn and open "
+        "another.",
+    ),
     max_tokens: str | None = setting_option("max_tokens", "-n", "--max-tokens", command="serve",
                                             help="Tokens per reply at most, unless a request says."),
     draft_max: str | None = setting_option("draft_max", "-k", "--draft-max", command="serve"),
@@ -591,7 +597,8 @@ def serve(
 
         options = ServeOptions(alias=alias or plan.target_name or plan.target.name.removesuffix(".gguf"),
                                api_key=api_key, max_waiting=queue, read_timeout=read_timeout, host=host,
-                               allow_hosts=tuple(allow_host or ()), allow_origins=tuple(allow_origin or ()))
+                               allow_hosts=tuple(allow_host or ()), allow_origins=tuple(allow_origin or ()),
+                               parse_special=parse_special)
         run_server(plan, plan.settings, options, host=host, port=port, load=load, notes=lambda: load_notes)
 
 

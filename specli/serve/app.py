@@ -13,14 +13,17 @@ import asyncio
 import ctypes
 import gc
 import hmac
+import json
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
@@ -33,11 +36,14 @@ from specli.chat.prompt import ChatFormat
 from specli.chat_template import ChatTemplateError
 from specli.drafters.registry import colour_of
 from specli.llama import PromptTooLong
+from specli.serve.bodies import MAX_BODIES_IN_FLIGHT, BodyBudget, declared_length, read_body
 from specli.serve.connections import HEAD_SECONDS
+from specli.serve.conversation import ControlTokenInContent, Conversation
 from specli.serve.origins import Admission, AdmissionMiddleware
 from specli.serve.protocol import (
     CHAT,
-    MAX_BODY_BYTES,
+    MAX_JSON_VALUES,
+    RETRY_AFTER_SECONDS,
     TEXT,
     ApiError,
     CompletionRequest,
@@ -46,6 +52,7 @@ from specli.serve.protocol import (
     error_chunk,
     parse_completion_request,
     parse_json,
+    shorten,
     sse,
 )
 from specli.serve.worker import (
@@ -68,9 +75,7 @@ if TYPE_CHECKING:
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_SECONDS = 10.0  # an SSE comment while a reply waits (queue, long prompt): proxies keep the line
-RETRY_AFTER_SECONDS = 2
 START_TIME = time.time()
-BODY_SECONDS_PER_TIMEOUT = 6  # a body must arrive within this many read timeouts in all (60 s by default)
 PREPARING_AT_ONCE = 2  # prompts rendered and tokenized at the same time (each may hold a large text)
 PARSE_OFF_LOOP_BYTES = 64 * 1024  # bodies parsed in a thread from this size on (the loop keeps answering)
 
@@ -86,6 +91,7 @@ class ServeOptions:
     host: str = "127.0.0.1"  # the address listened on: its name is a Host the server answers
     allow_hosts: tuple[str, ...] = ()  # more names it answers for ("*": any)
     allow_origins: tuple[str, ...] = ()  # web pages (origins) that may call it, with CORS headers
+    parse_special: bool = False  # a message's control-token texts are control tokens (else: text)
 
 
 class Service:
@@ -93,16 +99,19 @@ class Service:
     command's, after models.toml and the flags), the chat format, and a log of generations."""
 
     def __init__(self, defaults: RunSettings, options: ServeOptions, load: Callable[[], Speculator],
-                 *, log: Callable[[str], None] | None = None) -> None:
+                 *, log: Callable[[str], None] | None = None, max_bodies: int = MAX_BODIES_IN_FLIGHT) -> None:
         self.defaults = defaults
         self.options = options
         self.log = log or (lambda line: print(f"specli: {line}", file=sys.stderr, flush=True))
         self.chat_format: ChatFormat | None = None
+        self.conversation: Conversation | None = None  # how messages become tokens (content as text)
+        self.bodies = BodyBudget(max_bodies)
+        self.internal_errors = Throttle()
         self.load_error: BaseException | None = None
         self.on_ready: Callable[[Speculator], None] = lambda spec: None
         self.on_failed: Callable[[BaseException], None] = lambda error: None
         self.served = 0  # generations that ran (not those that left the queue before their turn)
-        self.worker = GenerationWorker(load, max_waiting=options.max_waiting,
+        self.worker = GenerationWorker(load, max_waiting=options.max_waiting, on_loaded=self._loaded,
                                        on_ready=self._ready, on_failed=self._failed)
         self._stopping = asyncio.Event()  # set on the loop when the server begins to stop
         self._preparing = asyncio.Semaphore(PREPARING_AT_ONCE)
@@ -135,8 +144,11 @@ class Service:
         task.cancel()
         raise ApiError(503, "the server is stopping", type="server_error", code="unavailable")
 
-    def _ready(self, spec: Speculator) -> None:
+    def _loaded(self, spec: Speculator) -> None:
         self.chat_format = ChatFormat.for_model(spec.target)
+        self.conversation = Conversation(self.chat_format, parse_special=self.options.parse_special)
+
+    def _ready(self, spec: Speculator) -> None:
         self.on_ready(spec)
 
     def _failed(self, error: BaseException) -> None:
@@ -180,45 +192,57 @@ class Service:
         settings = request.settings
         n_ctx = spec.target.n_ctx
         if request.kind == CHAT:
-            chat = self.chat_format
-            assert chat is not None and request.messages is not None
+            chat, conversation = self.chat_format, self.conversation
+            assert chat is not None and conversation is not None and request.messages is not None
             try:
-                text = chat.render(request.messages)
-                tokens = chat.tokenize(text, fit=n_ctx)
+                tokens = conversation.tokens(request.messages, fit=n_ctx)
             except ChatTemplateError as e:
                 raise bad_request(f"the model's chat template cannot render these messages: {e}",
                                   "messages") from None
             except PromptTooLong as e:
                 raise _too_long(e, "messages") from None
+            except ControlTokenInContent as e:
+                raise bad_request(str(e), f"messages[{e.index}].content") from None
             settings = chat.reply_settings(settings)
         elif isinstance(request.prompt, str):
             tokens = self.tokens_for(request.prompt, "prompt")
         else:
-            tokens = list(request.prompt or [])
+            ids = request.prompt or []
+            if len(ids) > n_ctx:
+                raise _too_long(PromptTooLong(len(ids), n_ctx), "prompt")
             n_vocab = spec.target.n_vocab
-            if (bad := next((t for t in tokens if not 0 <= t < n_vocab), None)) is not None:
+            if (bad := next((t for t in ids if not 0 <= t < n_vocab), None)) is not None:
                 raise bad_request(f"prompt: token id {bad} is not in the vocabulary (0 to {n_vocab - 1})",
                                   "prompt")
-            if len(tokens) > n_ctx:
-                raise _too_long(PromptTooLong(len(tokens), n_ctx), "prompt")
+            tokens = list(ids)
         return tokens, settings
 
     async def complete(self, request: Request, kind: str) -> Response:
         self.authorize(request)
         spec = self.spec
         require_json(request)
-        raw = await self.unless_stopping(read_body(request, self.options.read_timeout))
-        big = len(raw) >= PARSE_OFF_LOOP_BYTES
-        if big:
-            request.state.large_body = True
-            self._large_bodies += 1
-        body = await asyncio.to_thread(parse_json, raw) if big else parse_json(raw)
-        completion = parse_completion_request(body, kind, self.defaults)
-        del raw, body  # a large prompt is held once, as the request's text
-        async with self._preparing:
-            tokens, settings = await self.unless_stopping(asyncio.to_thread(self.prepare, completion))
+        declared = declared_length(request)
+        # The body's memory is charged from its first byte until its prompt is tokens (bodies.BodyBudget).
+        with self.bodies.hold(declared) as charge:
+            raw = await self.unless_stopping(read_body(request.receive, self.options.read_timeout, charge,
+                                                       declared))
+            big = len(raw) >= PARSE_OFF_LOOP_BYTES
+            if big:
+                request.state.large_body = True
+                self._large_bodies += 1
+            # A token-id prompt holds up to the context's size of numbers; nothing else needs many values.
+            limit = MAX_JSON_VALUES + spec.target.n_ctx
+            body = await asyncio.to_thread(parse_json, raw, limit) if big else parse_json(raw, limit)
+            del raw
+            completion = parse_completion_request(body, kind, self.defaults)
+            del body  # a large prompt is held once, as the request's text
+            async with self._preparing:
+                tokens, settings = await self.unless_stopping(asyncio.to_thread(self.prepare, completion))
+            stream, include_usage = completion.stream, completion.include_usage
+            fresh = not completion.cache_prompt
+            del completion  # the tokens stand for its text from here on
         reply = Reply(kind, self.options.alias, spec.drafter.name if spec.drafter else None)
-        job = Job(reply.id, tokens, settings.generation_params(), fresh=not completion.cache_prompt)
+        job = Job(reply.id, tokens, settings.generation_params(), fresh=fresh)
         try:
             self.worker.submit(job)
         except QueueFull:
@@ -228,8 +252,8 @@ class Service:
         except NotAccepting as e:
             raise ApiError(503, str(e), type="server_error", code="unavailable",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-        if completion.stream:
-            return EventStream(self._stream(job, reply, completion.include_usage),
+        if stream:
+            return EventStream(self._stream(job, reply, include_usage),
                                on_disconnect=lambda: self.worker.cancel(job, CLIENT_GONE))
         finished = await self._collect(job, request.receive)
         return JSONResponse(reply.response(finished.text, finished.stats))
@@ -351,13 +375,32 @@ class Service:
         job_id = request.path_params["job_id"]
         job = self.worker.find(job_id)
         if job is None:
-            raise ApiError(404, f"no running or waiting completion has the id {job_id!r}", code="not_found")
+            raise ApiError(404, f"no running or waiting completion has the id {shorten(job_id, 60)!r}",
+                           code="not_found")
         self.worker.cancel(job, CANCELLED)
         return JSONResponse({"id": job_id, "cancelled": True})
 
     async def page(self, request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
+
+
+class Throttle:
+    """At most one event per `seconds` let through; the ones held back are counted."""
+
+    def __init__(self, seconds: float = 10.0) -> None:
+        self.seconds = seconds
+        self._last = -seconds
+        self._held = 0
+
+    def allow(self) -> int | None:
+        """None: hold this one back; else how many were held back since the last one let through."""
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            self._held += 1
+            return None
+        self._last, held, self._held = now, self._held, 0
+        return held
 
 
 def release_free_memory() -> None:
@@ -391,44 +434,6 @@ def require_json(request: Request) -> None:
         shown = kind if len(kind) <= 60 else kind[:57] + "..."
         raise ApiError(415, f"the request body must be JSON sent with Content-Type: application/json "
                        f"(got {shown or 'no Content-Type'})", code="unsupported_media_type")
-
-
-async def read_body(request: Request, timeout: float) -> bytes:
-    """The body, refused (413) past MAX_BODY_BYTES before more of it is read, and (408) when a part of
-    it takes more than `timeout` seconds to come, or all of it more than BODY_SECONDS_PER_TIMEOUT of
-    them (a client that stops short of its Content-Length holds the connection no longer)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            too_big = int(declared) > MAX_BODY_BYTES
-        except ValueError:
-            raise ApiError(400, "the Content-Length header is not a number", code="invalid_header") from None
-        if too_big:
-            raise _too_large()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout * BODY_SECONDS_PER_TIMEOUT
-    chunks, size = [], 0
-    parts = request.stream().__aiter__()
-    while True:
-        try:
-            chunk = await asyncio.wait_for(parts.__anext__(), max(0.0, min(timeout, deadline - loop.time())))
-        except StopAsyncIteration:
-            break
-        except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body did not arrive in time ({size} bytes came; a part must "
-                           f"come within {timeout:g} s, all of it within "
-                           f"{timeout * BODY_SECONDS_PER_TIMEOUT:g} s)", code="request_timeout",
-                           headers={"Connection": "close"}) from None
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _too_large()
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large() -> ApiError:
-    return ApiError(413, f"the request body is over this server's limit of {MAX_BODY_BYTES // 2**20} MiB",
-                    code="request_too_large")
 
 
 async def until_disconnected(receive: Receive) -> None:
@@ -482,7 +487,11 @@ def _endpoint(handler: Callable[[Request], Awaitable[Response]], service: Servic
         except ClientDisconnect:  # gone while its body was read: no one to answer
             response = Response(status_code=400)
         except Exception as e:  # noqa: BLE001 - a bug must not take the server down
-            service.log(f"internal error on {request.method} {request.url.path}: {type(e).__name__}: {e}")
+            # One line per THROTTLE_SECONDS at most: a request that finds a bug can be sent in a loop.
+            if (repeats := service.internal_errors.allow()) is not None:
+                service.log(f"internal error on {request.method} {shorten(request.url.path, 60)}: "
+                            f"{type(e).__name__}: {shorten(str(e))}"
+                            + (f" (and {repeats} more since the last one shown)" if repeats else ""))
             response = error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}",
                                                type="server_error", code="internal_error"))
         if getattr(request.state, "large_body", False):  # its texts are gone now: give the memory back
@@ -540,8 +549,68 @@ def create_app(service: Service) -> ASGIApp:
                                 allow_methods=["GET", "POST"], max_age=600,
                                 allow_headers=["Authorization", "Content-Type"])
     admission = Admission.make(options.host, options.allow_hosts, options.allow_origins)
-    return AdmissionMiddleware(served, admission, lambda status, message, code: error_response(
-        ApiError(status, message, code=code)))
+    return _hardened(AdmissionMiddleware(served, admission, lambda status, message, code: error_response(
+        ApiError(status, message, code=code))))
+
+
+# On every response: no other site may frame the page (it would lay its own buttons over ours), load
+# scripts into it, or have a response read as another type than it says.
+SECURITY_HEADERS = [
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+]
+ERROR_CODES = {400: "invalid_request", 404: "unknown_url", 405: "method_not_allowed",
+               416: "range_not_satisfiable", 500: "internal_error"}
+
+
+def _hardened(app: ASGIApp) -> ASGIApp:
+    """`app` with SECURITY_HEADERS on every response, and every error in OpenAI's JSON shape, the ones that
+    come from outside the routes too (Starlette's CORS refusals, a static file's Range errors, uvicorn's
+    own 500), their text as the message."""
+
+    async def hardened(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        held: dict[str, Any] | None = None  # the start of an error response that is not JSON yet
+        text = b""
+
+        async def send_hardened(message: dict[str, Any]) -> None:
+            nonlocal held, text
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+                if message["status"] >= 400 and b"json" not in _header(message, b"content-type"):
+                    held = message
+                    return
+            elif held is not None and message["type"] == "http.response.body":
+                text = (text + message.get("body", b""))[:1024]
+                if not message.get("more_body", False):
+                    await _send_as_json(held, text, send)
+                return
+            await send(message)
+
+        await app(scope, receive, send_hardened)
+
+    return hardened
+
+
+def _header(message: dict[str, Any], name: bytes) -> bytes:
+    return next((value.lower() for key, value in message["headers"] if key.lower() == name), b"")
+
+
+async def _send_as_json(start: dict[str, Any], text: bytes, send: Send) -> None:
+    status = start["status"]
+    message = text.decode("utf-8", "replace").strip() or HTTPStatus(status).phrase
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    error = ApiError(status, shorten(message), type=kind, code=ERROR_CODES.get(status))
+    body = json.dumps(error.body(), ensure_ascii=False, separators=(",", ":")).encode()
+    headers = MutableHeaders(raw=[(k, v) for k, v in start["headers"]
+                                  if k.lower() not in (b"content-type", b"content-length")])
+    headers["content-type"] = "application/json"
+    headers["content-length"] = str(len(body))
+    await send({**start, "headers": headers.raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _without_trailing_slash(app: ASGIApp) -> ASGIApp:

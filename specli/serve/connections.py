@@ -1,19 +1,23 @@
-"""The server's connections: a deadline for every request's head, a cap on open connections, and
-HTTP-level errors in OpenAI's shape.
+"""The server's connections: a deadline in every state, a cap on open connections, and HTTP-level errors
+in OpenAI's shape.
 
-uvicorn closes a connection that stays idle after a response (its keep-alive timeout), but not one that
-never sends a request or sends its head a byte at a time, and it accepts connections until the process
-runs out of file descriptors, after which nothing is answered any more. Here:
+uvicorn closes a connection that stays idle after a response (its keep-alive timeout) unless it sends
+anything at all, and it accepts connections until the process runs out of file descriptors, after which
+nothing is answered any more. Here a connection is either busy (its request is being read or answered)
+or idle (nothing is being answered: it has yet to send a request's head, or its response is complete
+while the rest of a body the route did not read still trickles in), and:
 
-- a connection must deliver a request's head within `head_seconds` of the moment the server starts
-  waiting for one (its opening, or the end of the previous response); trickled bytes do not extend it;
-- when `max_open` connections are open, a new one closes the connection that has waited longest for a
-  request's head; a connection whose request is being read or answered is never closed for room, and
-  when every one is busy the newcomer is closed at once;
-- h11's protocol errors (a malformed or oversized head) are answered as OpenAI's error shape, not
-  uvicorn's plain text.
+- an idle connection is closed `head_seconds` after it became idle (its opening, or the end of its last
+  response): a request's head, and what is left of a refused body, must come by then; bytes that keep
+  coming do not extend it;
+- when `max_open` connections are open, a new one closes the connection that has been idle longest; a
+  busy one is never closed for room (app.py bounds how many requests can be busy with a body,
+  bodies.BodyBudget), and when every one is busy the newcomer is closed at once;
+- a response the client stops reading is cut `write_seconds` after its send buffer filled up;
+- a request head over MAX_HEAD_BYTES or with more than MAX_HEADERS fields, and h11's protocol errors (a
+  malformed head), are answered 400 in OpenAI's error shape, not uvicorn's plain text.
 
-A body that stalls is the app's to refuse (app.read_body): it knows which routes read one.
+A body that stalls while a route reads it is the app's to refuse (bodies.read_body).
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ KERNEL_BACKLOG = 1024
 FD_RESERVE = 4 * BACKLOG + 32
 MAX_OPEN = 4096  # connections at most, whatever the descriptor limit
 NOTICE_SECONDS = 10.0  # between two log lines about the cap
+# A request's head at most (request line and fields, as h11 limits what it buffers) and its fields: what
+# llama-server (cpp-httplib) and browsers stay well within.
+MAX_HEAD_BYTES = 16 * 1024
+MAX_HEADERS = 100
 
 
 def raise_descriptor_limit() -> int:
@@ -61,9 +69,11 @@ def connection_cap(descriptor_limit: int) -> int:
 class ConnectionGuard:
     """What every connection of one server shares: the open ones, the cap and the head deadline."""
 
-    def __init__(self, *, max_open: int, head_seconds: float, log: Callable[[str], None]) -> None:
+    def __init__(self, *, max_open: int, head_seconds: float, log: Callable[[str], None],
+                 write_seconds: float | None = None) -> None:
         self.max_open = max_open
         self.head_seconds = head_seconds
+        self.write_seconds = 6 * head_seconds if write_seconds is None else write_seconds
         self.log = log
         self.open: set[GuardedProtocol] = set()
         self.evicted = 0
@@ -96,6 +106,27 @@ class ConnectionGuard:
                      f"{self.evicted} idle ones closed for room, {self.refused} new ones refused so far")
 
 
+class LimitedConnection(h11.Connection):
+    """h11's server side, refusing a request head over MAX_HEAD_BYTES or with more than MAX_HEADERS
+    fields. (h11's own limit only holds for a head that is still incomplete: one that arrives whole in a
+    read, 60 KB with 3,000 fields, passed.) The error is h11's, so uvicorn answers it as any other."""
+
+    def __init__(self) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+
+    def next_event(self):  # type: ignore[no-untyped-def]
+        event = super().next_event()
+        if type(event) is h11.Request:
+            fields = event.headers
+            if len(fields) > MAX_HEADERS:
+                raise h11.RemoteProtocolError(f"more than {MAX_HEADERS} header fields", error_status_hint=431)
+            size = len(event.method) + len(event.target) + sum(len(name) + len(value) + 4
+                                                               for name, value in fields)
+            if size > MAX_HEAD_BYTES:
+                raise h11.RemoteProtocolError(f"a head over {MAX_HEAD_BYTES} bytes", error_status_hint=431)
+        return event
+
+
 def error_body(status: int, message: str, code: str) -> bytes:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
@@ -107,8 +138,13 @@ class GuardedProtocol(H11Protocol):
 
     guard: ConnectionGuard
 
-    waiting_since: float | None = None  # when the server began waiting for a request's head (None: busy)
+    waiting_since: float | None = None  # when the connection became idle (None: busy)
     _head_timer: asyncio.TimerHandle | None = None
+    _write_timer: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.conn = LimitedConnection()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -127,17 +163,38 @@ class GuardedProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
+        self._stop_write_timer()
         self.waiting_since = None
         self.guard.forget(self)
         super().connection_lost(exc)
 
+    def pause_writing(self) -> None:
+        """The send buffer is full: the client has until write_seconds to read some of it."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.guard.write_seconds, self._write_timeout)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_write_timer()
+
+    def _stop_write_timer(self) -> None:
+        _cancel(self._write_timer)
+        self._write_timer = None
+
+    def _write_timeout(self) -> None:
+        self._write_timer = None
+        self.transport.abort()  # what it holds will not be read: no point flushing it
+
     def _follow(self) -> None:
-        """Start the head deadline when the server waits for a request's head, end it when one came."""
+        """Start the idle deadline when nothing is being answered, end it when a request came."""
         if self.transport.is_closing():
             self._stop_timer()
             self.waiting_since = None
             return
-        idle = self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
+        # No response under way: the next request's head has yet to come, or the response went out
+        # before the route read the body (a refusal), whose rest is only drained now.
+        idle = self.cycle is None or self.cycle.response_complete
         if idle and self._head_timer is None:
             self.waiting_since = time.monotonic()
             self._head_timer = self.loop.call_later(self.guard.head_seconds, self._head_timeout)
@@ -146,26 +203,26 @@ class GuardedProtocol(H11Protocol):
             self.waiting_since = None
 
     def _stop_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        _cancel(self._head_timer)
+        self._head_timer = None
 
     def _head_timeout(self) -> None:
         self._head_timer = None
         self.close_idle()
 
     def close_idle(self) -> None:
-        """Close a connection that is waiting for a request's head (nothing is answered: no request
-        came, as uvicorn's keep-alive timeout does)."""
+        """Close an idle connection (nothing is answered: no request came, or it was answered already,
+        as uvicorn's keep-alive timeout does)."""
         self._stop_timer()
         self.waiting_since = None
         if not self.transport.is_closing():
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        """A malformed request head (h11 could not parse it, or it is over h11's size limit)."""
-        body = error_body(400, "the request is not valid HTTP/1.1 (a malformed or oversized request line "
-                          "or header)", "invalid_http_request")
+        """A malformed request head (h11 could not parse it) or one over the limits."""
+        body = error_body(400, f"the request is not valid HTTP/1.1 (a malformed request line or header, a "
+                          f"head over {MAX_HEAD_BYTES // 1024} KiB or more than {MAX_HEADERS} header fields)",
+                          "invalid_http_request")
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"connection", b"close")]
         try:
@@ -176,6 +233,11 @@ class GuardedProtocol(H11Protocol):
         except h11.LocalProtocolError:  # a response had already begun: nothing more can be said
             pass
         self.transport.close()
+
+
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()
 
 
 def protocol_class(guard: ConnectionGuard) -> type[GuardedProtocol]:

@@ -1,6 +1,6 @@
 """Running `specli serve`: bind the socket, load the models on the generation thread while uvicorn already
-answers (`/health` says 503 until they are loaded), serve until Ctrl-C or SIGTERM, then end what runs,
-close the models and return.
+answers (`/health` says 503 until they are loaded), serve until Ctrl-C, SIGTERM or SIGHUP, then end what
+runs, close the models and return.
 
 The socket is bound here rather than by uvicorn so that a port in use is a one-line error before any
 model is loaded, and so that `--port 0` can say which port it got.
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from specli.serve.app import ServeOptions, Service, create_app
+from specli.serve.bodies import MAX_BODIES_IN_FLIGHT
 from specli.serve.connections import (
     BACKLOG,
     KERNEL_BACKLOG,
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
     from specli.settings import RunSettings
 
 GRACEFUL_SECONDS = 5  # after a stop signal, connections get this long to finish their last chunks
+# The signals that stop the server: Ctrl-C, a service manager's stop, and a closed terminal (SIGHUP's
+# default would end the process at once, cutting every stream without its end).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
 
 
 class ListenError(OSError):
@@ -175,11 +180,13 @@ def serve(plan: Plan, settings: RunSettings, options: ServeOptions, *, host: str
     """Serve until a stop signal. Raises ListenError before loading anything, and the load's own error
     (after the server has stopped) when the models cannot be loaded."""
     listener = listen(host, port)
-    service = Service(settings, options, load)
-    app = create_app(service)
     # Every idle connection holds a file descriptor: a thousand of them must not reach the limit.
     guard = ConnectionGuard(max_open=connection_cap(raise_descriptor_limit()),
                             head_seconds=options.read_timeout, log=say)
+    # Connections busy with a body are never closed for room: they may take a quarter of the places.
+    max_bodies = max(1, min(MAX_BODIES_IN_FLIGHT, guard.max_open // 4))
+    service = Service(settings, options, load, max_bodies=max_bodies)
+    app = create_app(service)
     config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off",
                             http=protocol_class(guard), ws="none", loop="asyncio",
                             timeout_graceful_shutdown=GRACEFUL_SECONDS, timeout_keep_alive=5, backlog=BACKLOG)
@@ -203,7 +210,7 @@ def serve(plan: Plan, settings: RunSettings, options: ServeOptions, *, host: str
     service.on_ready, service.on_failed = ready, failed
     # Signals reach only the main thread (a server run on another thread, as in a test, is stopped by
     # setting should_exit).
-    previous = ({sig: signal.signal(sig, server.request_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = ({sig: signal.signal(sig, server.request_exit) for sig in STOP_SIGNALS}
                 if threading.current_thread() is threading.main_thread() else {})
     try:
         say(f"listening on {url} (loading {what})")
