@@ -11,6 +11,10 @@ a fresh process that took each confidence at its face value drafted 0-1 tokens i
 rounds (a 150k-vocabulary pair at T 1: auto / k=3 0.916 without it, 0.958 with it, fresh processes).
 n-gram lookup's describes the text and is learned anew.
 
+What is kept describes the machine when it is quiet: a decode during which the process got less than
+FULL_SHARE of its threads' CPU time (other work took the cores) is not written, and a restored cost
+only prices a batch size until the new process measures it (costs.CostModel.restore).
+
 SPECLI_COST_CACHE=0 turns it off; SPECLI_CACHE_DIR moves it (default $XDG_CACHE_HOME/specli, or
 ~/.cache/specli). A missing, unreadable or malformed file is the same as none: nothing here raises.
 """
@@ -27,8 +31,12 @@ from specli.costs import CostModel
 from specli.drafters.base import Drafter
 from specli.llama import Model, cpuinfo, repacks
 from specli.policy import Learned
+from specli.settings import usable_cores
 
 FORMAT = 2  # 2: verify samples are (seconds, position) pairs
+# A decode is kept for the next process when its CPU time was at least this share of its wall time
+# times the threads it could run (specli.cli's demo calls a machine busy below the same share).
+FULL_SHARE = 0.7
 
 
 def cache_directory() -> Path | None:
@@ -74,6 +82,17 @@ def cache_path(about: dict) -> Path | None:
     return directory / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
+def kept_share(about: dict | None) -> float | None:
+    """The least CPU share (CPU seconds over wall seconds) a decode must have had to be kept: FULL_SHARE
+    of the threads the target runs on this machine's cores; None (all kept) for an offloaded target,
+    whose decodes wait on the GPU, or an unknown one."""
+    target = (about or {}).get("target") or {}
+    threads = target.get("threads")
+    if not isinstance(threads, int) or threads < 1 or target.get("gpu_layers"):
+        return None
+    return FULL_SHARE * min(threads, usable_cores())
+
+
 def restore(costs: CostModel, path: Path | None, learned: Learned | None = None) -> bool:
     """Load the costs (and into `learned`, the draft's calibrations) an earlier process saved at
     `path`; False if there were none (or none usable: a damaged file is ignored, and overwritten at
@@ -100,9 +119,9 @@ def save(
 ) -> bool:
     """Write `costs` (and `learned`'s calibrations of the draft) to `path` (atomically: a reader never
     sees half a file); False if it could not."""
-    if path is None or not costs.verify:
+    if path is None or not (costs.verify or costs.carried):
         return False
-    record = {"format": FORMAT, "identity": about, "costs": costs.to_record()}
+    record = {"format": FORMAT, "identity": about, "costs": costs.to_record(kept_share(about))}
     if learned is not None:
         record["learned"] = learned.to_record()
     try:

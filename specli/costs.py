@@ -59,6 +59,17 @@ BURST = 1.5
 # give. The first steps of each new shape (CUDA graphs built) fit that; one taken for the cost was
 # enough. (Found from the device check's figures; the fix is not yet measured on a GPU.)
 SETTLED_SAMPLES = 3
+# A decode whose process got less CPU time than this share of the best this process has had (CPU time
+# over wall time, `CostModel.observe_verify`) ran while other work took its cores: it prices a batch
+# size only where no decode with the full share has, and never above what those predict. On 2 cores
+# (AMD EPYC, Gemma 3 270M, 2 threads) a quiet single-token decode took 9.9 ms at 1.98 CPU seconds a
+# second; beside other agents' jobs, at 1.0, 0.5 to 2.2 s (llama.cpp's threads spin at each barrier
+# for one the OS has put aside). Kept in the cost file, such a spell's verify of 6 tokens at 27x one
+# token stopped every later process from drafting.
+STARVED = 0.7
+# A restored (carried) batch size that no process has measured again is forgotten after this many
+# processes have carried it.
+CARRIED_AGE = 4
 
 
 def expected_tokens(a1: float, a2: float, k: int) -> float:
@@ -197,8 +208,17 @@ class CostModel:
 
     window: int = 9  # recent samples per batch size; their median resists bursts of machine load
     first_step: float = FIRST_STEP_CPU  # verify_curve's assumption until a batch is measured
-    # Per batch size, recent (seconds, position) samples: position, the tokens in the cache before it.
+    # Per batch size, recent (seconds, position) samples this process measured with its full share of
+    # the CPU: position, the tokens in the cache before it.
     verify: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)
+    # Per batch size, samples an earlier process measured (`restore`) and how many processes have
+    # carried them since: they price a size until this process measures it, never above what this
+    # process's own samples predict for it (`_predict`), and yield to its first own sample.
+    carried: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)
+    carried_age: dict[int, int] = field(default_factory=dict)
+    # Per batch size, this process's samples taken while it did not get its share of the CPU (STARVED):
+    # used as carried ones are, and never kept for the next process.
+    starved: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)
     draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
     # source -> [seconds, looks], decayed: a round that asked the drafter and drafted nothing (a shadow)
     look: dict[str, list[float]] = field(default_factory=dict)
@@ -214,6 +234,10 @@ class CostModel:
     _draft_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
     _look_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
     _verify_largest: int = field(default=0, repr=False)  # the largest batch decoded in this process
+    # The CPU share (CPU seconds over wall seconds) of each sample in `verify`, None where not judged;
+    # and the best share a judged decode of this process has had.
+    _verify_share: dict[int, deque[float | None]] = field(default_factory=dict, repr=False)
+    best_share: float = field(default=0.0, repr=False)
     # Seconds a cached token adds to a decode, per batch size (`attention_slopes`), refitted with the
     # curve; and each size's median predicted at _position (cheapest_batch runs every round).
     slopes: dict[int, float] = field(default_factory=dict, repr=False)
@@ -226,11 +250,27 @@ class CostModel:
         """A cost model whose assumptions suit where the target runs (offloaded: on a GPU)."""
         return CostModel(first_step=FIRST_STEP_GPU if offloaded else FIRST_STEP_CPU)
 
-    def to_record(self) -> dict[str, dict[str, list[float]]]:
+    def to_record(self, min_share: float | None = None) -> dict[str, dict]:
         """What a later process over the same models can start from (`restore`; specli.costcache keeps
-        it on disk): the verify samples by batch size and the decayed draft and look costs by source."""
+        it on disk): the verify samples by batch size, and the decayed draft and look costs by source.
+        Samples with a CPU share below `min_share` are left out (the machine was busy: they describe
+        other work's load, not this machine); sizes this process did not measure keep their carried
+        samples, one process older, until CARRIED_AGE."""
+        verify: dict[str, list[list[float]]] = {}
+        age: dict[str, int] = {}
+        for m, samples in self.verify.items():
+            shares = self._verify_share.get(m) or [None] * len(samples)
+            kept = [list(sample) for sample, share in zip(samples, shares, strict=True)
+                    if share is None or min_share is None or share >= min_share]
+            if kept:
+                verify[str(m)] = kept
+        for m, samples in self.carried.items():
+            older = self.carried_age.get(m, 0) + 1
+            if str(m) not in verify and older <= CARRIED_AGE:
+                verify[str(m)], age[str(m)] = [list(sample) for sample in samples], older
         return {
-            "verify": {str(m): [list(sample) for sample in samples] for m, samples in self.verify.items()},
+            "verify": verify,
+            "verify_age": age,
             "draft": {source: _robust_slot(slot, self._draft_recent.get(source))
                       for source, slot in self.draft.items()},
             "look": {source: _robust_slot(slot, self._look_recent.get(source))
@@ -238,18 +278,24 @@ class CostModel:
         }
 
     def restore(self, record: Mapping) -> None:
-        """Start from an earlier process's `to_record`: its samples count as measured here. This
-        process's decodes larger than any before (and its first draft and look) are still left out
-        as cold, and new samples displace the old within `window` rounds of a size. ValueError if it
-        is malformed."""
+        """Start from an earlier process's `to_record`: its verify samples are carried (they price a
+        size until this process measures it, and never above what this process's own samples
+        predict), its draft and look costs price steps until this process has timed SETTLED_SAMPLES
+        of its own. This process's decodes larger than any before (and its first draft and look) are
+        still left out as cold. ValueError if it is malformed."""
         verify = {int(m): [_sample(s) for s in samples][-self.window:]
                   for m, samples in record.get("verify", {}).items()}
         if any(m < 1 or not samples for m, samples in verify.items()):
             raise ValueError("a batch size below 1 or without samples")
+        ages = {int(m): int(a) for m, a in record.get("verify_age", {}).items()}
+        if any(a < 0 for a in ages.values()):
+            raise ValueError("a negative age")
         slots = {name: {source: _slot(slot) for source, slot in record.get(name, {}).items()}
                  for name in ("draft", "look")}
         for m, samples in verify.items():
-            self.verify[m] = deque(samples, maxlen=self.window)
+            if m not in self.verify:
+                self.carried[m] = deque(samples, maxlen=self.window)
+                self.carried_age[m] = ages.get(m, 0)
         self.draft.update(slots["draft"])
         self.look.update(slots["look"])
         self._refit(self._position)
@@ -259,26 +305,49 @@ class CostModel:
         `weight` samples of each size, in place of what was known of those sizes."""
         for m, s in seconds.items():
             self.verify[m] = deque([(_positive(s), position)] * weight, maxlen=self.window)
+            self._verify_share[m] = deque([None] * weight, maxlen=self.window)
+            self._forget_other_samples(m)
         self._refit(position)
+
+    def _forget_other_samples(self, m: int) -> None:
+        """This process has measured size m with its full share: carried and starved samples yield."""
+        self.carried.pop(m, None)
+        self.carried_age.pop(m, None)
+        self.starved.pop(m, None)
 
     def _refit(self, position: int) -> None:
         """Fit what a cached token costs each size, then each size's median at `position`."""
-        kept = {m: unhurried(samples) for m, samples in self.verify.items()}
-        self.slopes = attention_slopes(kept)
+        self.slopes = attention_slopes({m: unhurried(samples) for m, samples in self._unstarved().items()})
         self._stale = 0
-        self._predict(position, kept)
+        self._predict(position)
 
-    def _predict(self, position: int, kept: Mapping[int, list[tuple[float, int]]] | None = None) -> None:
+    def _unstarved(self) -> dict[int, Sequence[tuple[float, int]]]:
+        """Each size's own samples, or its carried ones where it has none."""
+        return {**self.carried, **self.verify}
+
+    def _predict(self, position: int) -> None:
         """Each size's median with its samples brought to `position` cached tokens (never below a
-        tenth of its cheapest sample: a slope is an estimate), bursts of load left out
-        (`unhurried`; `kept`, when the caller has just left them out), and the curve to be made
-        from them."""
-        if kept is None:
-            kept = {m: unhurried(samples) for m, samples in self.verify.items()}
-        self._medians = {
-            m: max(0.1 * min(s for s, _ in samples),
-                   statistics.median(s + self.slopes.get(m, 0.0) * (position - p) for s, p in samples))
-            for m, samples in kept.items()}
+        tenth of its cheapest sample: a slope is an estimate), bursts of load left out (`unhurried`),
+        and the curve to be made from them. A size this process has not measured with its full share
+        is priced by its carried and starved samples, but once this process has measured any size, at
+        most at what its own medians predict for it (`verify_curve`, as a process with no cost file
+        would): a record or a burst from a busy spell cannot price a size out for good."""
+
+        def median(samples: Sequence[tuple[float, int]], m: int) -> float:
+            kept = unhurried(samples)
+            return max(0.1 * min(s for s, _ in kept),
+                       statistics.median(s + self.slopes.get(m, 0.0) * (position - p) for s, p in kept))
+
+        own = {m: median(samples, m) for m, samples in self.verify.items()}
+        others = {m: median([*self.carried.get(m, ()), *self.starved.get(m, ())], m)
+                  for m in self.carried.keys() | self.starved.keys() if m not in own}
+        if own and others:
+            anchor = own if 1 in own or 1 not in others else {**own, 1: others[1]}
+            fresh = verify_curve(anchor, max(others), self.first_step)
+            if fresh is not None:
+                others = {m: min(seconds, fresh[m - 1]) if m > 1 else seconds
+                          for m, seconds in others.items()}
+        self._medians = {**others, **own}
         self._position, self._curve = position, None
 
     def _at(self, position: int) -> None:
@@ -314,8 +383,9 @@ class CostModel:
         best = min(larger, key=lambda size: (medians[size], size))
         return best if medians[best] < PAD_MARGIN * own else m
 
-    def observe_verify(self, m: int, seconds: float, position: int = 0) -> None:
-        """A decode of m tokens took `seconds` after `position` tokens in the cache."""
+    def observe_verify(self, m: int, seconds: float, position: int = 0, share: float | None = None) -> None:
+        """A decode of m tokens took `seconds` after `position` tokens in the cache; `share`: the CPU
+        seconds the process used meanwhile over `seconds` (None: not judged)."""
         if m > self._verify_largest:
             # A batch larger than any before grows llama.cpp's compute buffers: 15x a warm decode on
             # a tiny model (65 tokens: 52 ms, then 3.4), +14 % on Gemma 3 270M, and a cold T_v(1)
@@ -324,10 +394,21 @@ class CostModel:
             # sizes a process runs once each (n-gram copies of varying length) would never be known.
             self._verify_largest = m
             return
+        if share is not None:
+            self.best_share = max(self.best_share, share)
+            if share < STARVED * self.best_share:
+                new = m not in self.starved and m not in self.verify
+                self.starved.setdefault(m, deque(maxlen=self.window)).append((seconds, position))
+                self._stale += 1
+                if new:
+                    self._refit(self._position)
+                return
         new = m not in self.verify
         self.verify.setdefault(m, deque(maxlen=self.window)).append((seconds, position))
+        self._verify_share.setdefault(m, deque(maxlen=self.window)).append(share)
         self._stale += 1
         if new:
+            self._forget_other_samples(m)
             self._refit(self._position)
 
     def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
@@ -357,7 +438,7 @@ class CostModel:
     def verify_seconds(self, m_max: int, position: int = 0) -> list[float] | None:
         """Predicted T_v(m) for m = 1..m_max after `position` cached tokens, from the medians measured
         so far, each brought to that length (`verify_curve`)."""
-        if 1 not in self.verify:
+        if 1 not in self.verify and 1 not in self.carried and 1 not in self.starved:
             return None
         self._at(position)
         if self._curve is None or len(self._curve) < m_max:

@@ -195,7 +195,7 @@ class SpeculativeEngine:
 
         if not stream.stopped:
             yield from stream.flush()
-        yield DoneEvent(stop_reason, stream.text, time.perf_counter() - gen_start)
+        yield DoneEvent(stop_reason, stream.text, time.perf_counter() - gen_start, proposer.holdback())
 
     def reset(self) -> None:
         """Empty both caches (the next generation evaluates its whole prompt)."""

@@ -74,10 +74,29 @@ class PromptEvent:
 
 
 @dataclass(slots=True)
+class Holdback:
+    """Why `-k auto`'s plain rounds gave more than half of a generation's tokens, from its own
+    figures: `text` is the one line every front end shows (e.g. "verify of 5 costs 3.1× one token
+    here; acceptance 12 %: drafting would run at 0.80×"); the figures are None where the cause has
+    none."""
+
+    cause: str  # "nothing" (the drafter proposed nothing) | "declined" | "hopeless" | "unmeasured"
+    text: str
+    plain_rounds: int
+    rounds: int
+    verify_size: int | None = None  # the batch the best draft length would verify
+    verify_ratio: float | None = None  # its cost over one token's
+    draft_ratio: float | None = None  # a draft step's cost over one target token's
+    acceptance: float | None = None  # what auto expects of a round's first draft
+    drafting_speed: float | None = None  # drafting's predicted speed over plain decoding
+
+
+@dataclass(slots=True)
 class DoneEvent:
     stop_reason: str  # "eos" | "stop" | "length" | "context" | "interrupted"
     text: str  # the whole generated text (what was released to the user)
     elapsed_seconds: float = 0.0  # since the first round began
+    holdback: Holdback | None = None  # -k auto drafted little or nothing: why
 
 
 Event = TokenEvent | RejectedEvent | RoundEvent | PromptEvent | DoneEvent

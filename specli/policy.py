@@ -24,8 +24,14 @@ first-position confidences gain. When that does not pay, the round is plain, and
 gate **holds position 0** (a shadow): the drafter looks at the next position, nothing is verified, and
 the target's own row there scores what it would have proposed, so drafting comes back when the text
 turns predictable. If even the draft's surest confidence could not pay (a draft as dear as the
-target), the source is hopeless: no shadows for the generation, and in later ones only one in
-`RECHECK_EVERY` looks again.
+target), the source is hopeless: no shadows, except a recheck now and then that costs at most
+RECHECK_SHARE of the time decoded meanwhile (what made it hopeless, a busy spell's draft cost or a
+verify curve from a cost file, may not hold now); in later generations only one in `RECHECK_EVERY`
+looks at once.
+
+When plain rounds give more than half of a generation's tokens, `AutoK.holdback` says why from its own
+figures (the engine's DoneEvent carries it to every front end): the drafter proposed nothing, or what
+a verify and a draft step cost here against the acceptance it expects.
 
 The cost model and `Learned` (calibration, hopeless sources) outlive a generation: they describe the
 machine and the pair of models. Where confidence is a statistic of the text itself (n-gram lookup),
@@ -41,19 +47,24 @@ Tunings: each constant's effect, measured by replaying the policy with it moved,
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from specli.costs import CostModel, best_net_gain, best_rate, run_cost
+from specli.costs import CostModel, best_net_gain, best_rate, run_cost, run_gain
 from specli.drafters.base import DraftGate
+from specli.events import Holdback
 from specli.sampling import SamplingParams
 
 # The tunings below and their measured effect: docs/performance.md, "The tunings of -k auto".
 HORIZON = 64 + 1  # batch sizes the gate prices: the longest draft a round makes (settings.MAX_DRAFT_K)
 FREE_LOOK = 0.01  # a draft step under this share of a target token is free: the gate judges every round
 RECHECK_EVERY = 16  # a hopeless source looks again in one generation of this many (the load may change)
+# Within a generation a hopeless source is looked at again once the rounds since its verdict (or its last
+# recheck) took 1 / RECHECK_SHARE times what a look costs: a recheck costs at most this share.
+RECHECK_SHARE = 0.01
 # Shadows (looks in plain rounds, which measure the draft) may cost this share of plain decoding's time,
 # and come at least every MAX_SHADOW_GAP rounds.
 SHADOW_SHARE = 0.02
@@ -270,6 +281,7 @@ class RoundReport:
     catch_up_seconds: float = 0.0  # the catch-up debt left out of draft_seconds
     padding: int = 0  # rows verified past the draft (`DraftPolicy.batch_size`)
     position: int = 0  # tokens in the target's cache before the verify
+    cpu_share: float | None = None  # the process's CPU seconds over the verify's wall seconds (or None)
 
 
 @dataclass(frozen=True)
@@ -386,6 +398,11 @@ class DraftPolicy:
     def observe(self, report: RoundReport) -> None:
         """Feedback after a round."""
 
+    def holdback(self) -> Holdback | None:
+        """Why this generation drafted little or nothing (None: it did not hold back, or the policy
+        never does)."""
+        return None
+
 
 class FixedK(DraftPolicy):
     """Always k drafts (fewer only where the output or the context ends), whatever the draft's doubts."""
@@ -408,6 +425,13 @@ class AutoK(DraftPolicy):
     position: int = 0  # tokens in the target's cache (this round's `decide`)
     text_sources: frozenset[str] = frozenset()  # sources whose confidence is the text's (n-gram)
     _round_inputs: tuple[str, GateInputs | None] | None = field(default=None, repr=False)  # decide's
+    # What each round of this generation did: "drafted", or why not: "nothing" (the drafter proposed
+    # nothing), "declined" (not worth its cost), "hopeless", "unmeasured" (costs not known yet).
+    tally: Counter = field(default_factory=Counter)
+    emitted: int = 0  # tokens this generation's rounds emitted (a drafting round emits several)
+    asked: Counter = field(default_factory=Counter)  # rounds by the source asked
+    _plan: str = field(default="unmeasured", repr=False)  # this round's, from `decide`
+    _since_recheck: float = field(default=0.0, repr=False)  # seconds decoded since a hopeless verdict
 
     def __post_init__(self) -> None:
         for source in self.text_sources & self.learned.calibration.keys():
@@ -465,14 +489,22 @@ class AutoK(DraftPolicy):
         what each confidence is worth; the gate then stops the round where drafting on stops paying.
         Otherwise a plain round, with a look now and then (a shadow)."""
         self.left, self.position, self._round_inputs = left, position, None
+        self.asked[source] += 1
         if source in self.hopeless:
-            return self._plain(look=False)  # nothing new is learned without looks, so it stays so
+            if not self._recheck_due(source):
+                self._plan = "hopeless"
+                return self._plain(look=False)  # nothing new is learned without looks
+            # Judged again with what is known now; if still hopeless, this round's look re-measures
+            # the draft step (below).
+            self.hopeless.discard(source)
         inputs = self.inputs(source)
         self._round_inputs = (source, inputs)  # the gate's too, for this round
         if inputs is None:
             # No T_v(1) yet (a plain round measures it) or no draft step: shadows measure it before
             # any round pays for drafts that may not be worth their cost.
+            self._plan = "unmeasured"
             return self._plain(look=True)
+        self._plan = "offered"
         if inputs.c_draft < FREE_LOOK * inputs.verify[0]:
             # Looking costs next to nothing (n-gram lookup): let the gate judge every round.
             self.learned.hopeless.pop(source, None)
@@ -488,22 +520,33 @@ class AutoK(DraftPolicy):
                 if not self.costs.draft_settled(source):
                     # Priced by a step or two that may be cold (a GPU's graph building): look again
                     # each round, which times more steps, before any verdict (SETTLED_SAMPLES).
+                    self._plan = "unmeasured"
                     return self._plain(look=True)
                 if float(worth.max()) <= price:
                     # Even the draft's surest band does not pay: each shadow would have to catch the
                     # draft up on every plain token since the last, which on a draft as dear as the
                     # target costs as much as the speculation it would bring back. This round looks
-                    # once more (it re-measures the draft step), then none in this generation.
+                    # once more (it re-measures the draft step), then only a recheck now and then.
                     self.hopeless.add(source)
                     self.learned.hopeless[source] = 0
+                    self._since_recheck = 0.0
+                    self._plan = "hopeless"
                     return self._plain(look=True)
                 self.learned.hopeless.pop(source, None)
+                self._plan = "declined"
                 return self._plain(look=self._shadow_due(source, inputs))
         self.learned.hopeless.pop(source, None)
         return Decision(limit)
 
     def _plain(self, look: bool) -> Decision:
         return Decision(0, look)
+
+    def _recheck_due(self, source: str) -> bool:
+        """Whether the rounds since a hopeless verdict (or the last recheck) took long enough that a
+        look costs at most RECHECK_SHARE of them: a verdict from a busy spell, or from a cost file's
+        verify curve, does not hold drafting off for the whole generation."""
+        look = max(self.costs.draft_seconds_per_token(source) or 0.0, self.costs.look_seconds(source) or 0.0)
+        return self._since_recheck * RECHECK_SHARE >= look
 
     def _shadow_due(self, source: str, inputs: GateInputs) -> bool:
         # Shadow every plain round when drafting is cheap, less often when not, so that shadows cost
@@ -526,7 +569,17 @@ class AutoK(DraftPolicy):
 
     def observe(self, report: RoundReport) -> None:
         self._round_inputs = None
-        self.costs.observe_verify(report.drafted + 1 + report.padding, report.verify_seconds, report.position)
+        self.emitted += report.accepted + 1
+        if report.drafted:
+            self.tally["drafted"] += 1
+        elif report.source is not None and report.first_confidence is None:
+            self.tally["nothing"] += 1  # asked, it proposed nothing (n-gram lookup found no match)
+        else:
+            self.tally["declined" if self._plan == "offered" else self._plan] += 1
+        if self.hopeless:
+            self._since_recheck += report.draft_seconds + report.verify_seconds
+        self.costs.observe_verify(report.drafted + 1 + report.padding, report.verify_seconds, report.position,
+                                  report.cpu_share)
         self.rate[0] = RATE_DECAY * self.rate[0] + report.accepted + 1
         self.rate[1] = RATE_DECAY * self.rate[1] + report.draft_seconds + report.verify_seconds
         self.plain_rounds = 0 if report.drafted else self.plain_rounds + 1
@@ -550,3 +603,60 @@ class AutoK(DraftPolicy):
             cal.observe_after(before, after)
         if report.held is not None:
             cal.observe(*report.held)
+
+    def holdback(self) -> Holdback | None:
+        """Why plain rounds gave more than half of this generation's tokens, from auto's own figures:
+        the cause most plain rounds had, and what a verify and a draft step cost here against the
+        acceptance auto expects at a round's first position (None: drafting rounds gave half or more)."""
+        rounds = sum(self.tally.values())
+        plain = rounds - self.tally["drafted"]
+        if not rounds or 2 * plain <= self.emitted or not self.asked:
+            return None
+        cause = max(("nothing", "declined", "hopeless", "unmeasured"), key=lambda c: self.tally[c])
+        source = self.asked.most_common(1)[0][0]
+        count = f"{self.tally[cause]} of {rounds} rounds"
+        if cause == "nothing":
+            what = "nothing to copy" if source in self.text_sources else "nothing proposed"
+            return Holdback(cause, f"{source}: {what} in {count}", plain, rounds)
+        inputs = self.inputs(source)
+        if inputs is None:
+            return Holdback("unmeasured", f"the output ended before auto had measured what a verify and a "
+                                          f"draft step cost ({count} plain)", plain, rounds)
+        return self._priced(cause, source, inputs, plain, rounds)
+
+    def _priced(self, cause: str, source: str, inputs: GateInputs, plain: int, rounds: int) -> Holdback:
+        """A holdback priced with the round's figures: the verify of the best length at the acceptance
+        auto expects (each first-position confidence as often as it came; a sure draft when hopeless)
+        and the speed drafting would give against plain decoding."""
+        verify, c_draft = inputs.verify, inputs.c_draft
+        t1 = float(verify[0])
+        cal = self._calibration(source)
+        acceptances = np.minimum(cal.acceptances(), 0.999)
+        if cause == "hopeless" or cal.first.sum() <= 0:
+            weights = np.zeros(len(acceptances))
+            weights[-1] = 1.0  # the surest band
+        else:
+            weights = cal.first / cal.first.sum()
+        n = np.arange(1, len(verify))
+        per_bin = acceptances[:, None]
+        speeds = (1.0 + run_gain(per_bin, per_bin, n)) * t1 / (verify[n] + n * c_draft)
+        speed = float(weights @ speeds.max(axis=1))
+        acceptance = float(weights @ acceptances)
+        best = int(n[np.argmax((1.0 + run_gain(acceptance, acceptance, n)) / (verify[n] + n * c_draft))])
+        # Rounded once: the line and the figures beside it (--json) say the same.
+        ratio, step = round(float(verify[best]) / t1, 3), round(c_draft / t1, 4)
+        acceptance, speed = round(acceptance, 4), round(speed, 3)
+        verify_text = f"verify of {best + 1} costs {ratio:.1f}× one token here"
+        step_text = f", a draft step {step:.2f}×" if step >= FREE_LOOK else ""
+        if cause == "hopeless":
+            text = f"{verify_text}{step_text}: even a sure draft would run at {speed:.2f}×"
+        elif speed > 1.0:
+            # What it knows now says drafting pays: the plain rounds came before it knew (a draft model
+            # starts from its confidence at face value, and shadows teach it what that is worth).
+            text = (f"{plain} of {rounds} rounds plain while auto measured the costs and learned the draft's "
+                    f"acceptance (now {100 * acceptance:.0f} %, verify of {best + 1} at {ratio:.1f}× one "
+                    f"token: drafting runs at {speed:.2f}×)")
+        else:
+            text = (f"{verify_text}{step_text}; acceptance {100 * acceptance:.0f} %: drafting would run at "
+                    f"{speed:.2f}×")
+        return Holdback(cause, text, plain, rounds, best + 1, ratio, step, acceptance, speed)

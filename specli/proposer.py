@@ -9,10 +9,12 @@ cost. The engine sees a `Draft` and reports a `RoundResult`; it never learns wha
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from specli.costs import CostModel
 from specli.drafters.base import Draft, Drafter
+from specli.events import Holdback
 from specli.policy import AutoK, DraftPolicy, FixedK, Learned, RoundReport
 from specli.sampling import Sampler
 from specli.verify import Verdict, acceptance_of
@@ -53,10 +55,40 @@ class Proposer:
     def observe(self, result: RoundResult) -> None:
         """The round is committed: learn from it."""
 
+    def holdback(self) -> Holdback | None:
+        """Why the generation drafted little or nothing, when the policy held back (the DoneEvent's)."""
+        return None
+
     @property
     def decode_seconds(self) -> float:
         """Seconds the drafter spent inside llama_decode, over its lifetime."""
         return 0.0
+
+
+# A span shorter than this is not judged for its CPU share: Python's own work around a sub-millisecond
+# decode (tiny models) is most of it, and runs on one thread.
+JUDGED_SPAN = 0.002
+
+
+class CpuShare:
+    """The CPU seconds this process used over the wall seconds of a span: about the threads it runs
+    when it has the cores to itself, less when other work takes them (llama.cpp's threads then also
+    wait at each barrier for one the OS has put aside, so the decode slows far more than its share
+    falls)."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, float] | None = None
+
+    def start(self) -> None:
+        self._start = (time.perf_counter(), time.process_time())
+
+    def stop(self) -> float | None:
+        """The share since `start` (None: not started, or too short to judge)."""
+        if self._start is None:
+            return None
+        wall, cpu = time.perf_counter() - self._start[0], time.process_time() - self._start[1]
+        self._start = None
+        return cpu / wall if wall >= JUDGED_SPAN else None
 
 
 class DraftingProposer(Proposer):
@@ -69,6 +101,7 @@ class DraftingProposer(Proposer):
         self.name = drafter.name
         self._same_as_plain = False
         self._source: str | None = None
+        self._verify_share = CpuShare()  # from `batch_size`, just before the verify, to `observe`
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._same_as_plain = sampler.same_as_plain
@@ -86,9 +119,12 @@ class DraftingProposer(Proposer):
         return drafter.draft(context, max(decision.k, 1), self.policy.gate(source, decision))
 
     def batch_size(self, m: int, m_max: int) -> int:
-        return self.policy.batch_size(m, m_max)
+        size = self.policy.batch_size(m, m_max)
+        self._verify_share.start()
+        return size
 
     def observe(self, result: RoundResult) -> None:
+        share = self._verify_share.stop()
         self.drafter.accept(result.context)
         draft, verdict = result.draft, result.verdict
         k, held = len(draft.tokens), draft.held
@@ -113,7 +149,11 @@ class DraftingProposer(Proposer):
             held=scored,
             padding=result.padding,
             position=len(result.context) - len(verdict.tokens) - 1,
+            cpu_share=share,
         ))
+
+    def holdback(self) -> Holdback | None:
+        return self.policy.holdback()
 
     @property
     def decode_seconds(self) -> float:

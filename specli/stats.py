@@ -9,10 +9,10 @@ verifying cost, with T_v by batch size measured in this generation (costs.verify
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from specli.costs import expected_tokens, later_examined
-from specli.events import DoneEvent, Event, PromptEvent, RoundEvent, TokenEvent
+from specli.events import DoneEvent, Event, Holdback, PromptEvent, RoundEvent, TokenEvent
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
@@ -47,6 +47,7 @@ class GenerationStats:
     accepted_by_drafter: Counter = field(default_factory=Counter)
     # verify seconds by batch size m = k + 1: [count, total seconds]
     verify_by_size: dict[int, list[float]] = field(default_factory=dict)
+    holdback: Holdback | None = None  # why -k auto drafted little or nothing (the DoneEvent's)
 
     def observe(self, event: Event) -> None:
         if isinstance(event, TokenEvent):
@@ -76,6 +77,7 @@ class GenerationStats:
         elif isinstance(event, DoneEvent):
             self.stop_reason = event.stop_reason
             self.generation_seconds = event.elapsed_seconds
+            self.holdback = event.holdback
         elif isinstance(event, PromptEvent):
             self.n_prompt = event.n_prompt
             self.n_prompt_evaluated = event.n_evaluated
@@ -84,6 +86,11 @@ class GenerationStats:
             self.sampling_mode = event.sampling_mode
 
     # -- derived figures -----------------------------------------------------------------------------
+
+    @property
+    def auto_reason(self) -> str | None:
+        """One line: why -k auto decoded most tokens plainly (None: it did not hold back)."""
+        return self.holdback.text if self.holdback is not None else None
 
     @property
     def drafting_rounds(self) -> int:
@@ -190,4 +197,6 @@ class GenerationStats:
             "stop_reason": self.stop_reason,
             "sampling_mode": self.sampling_mode,
             "seed": self.seed,
+            "auto_reason": self.auto_reason,
+            "auto_holdback": None if self.holdback is None else asdict(self.holdback),
         }

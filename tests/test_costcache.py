@@ -40,8 +40,10 @@ def test_a_new_process_starts_from_the_costs_the_last_one_measured(fixture_model
     assert json.loads(file.read_text())["identity"]["target"]["threads"] == 1
 
     with load(fixture_models.target, fixture_models.draft, n_ctx=256, n_threads=1) as spec:
-        # Before any decode: the verify curve and the draft step as the first process left them.
-        assert {m: list(s) for m, s in spec.engine.costs.verify.items()} == measured
+        # Before any decode: the verify curve and the draft step as the first process left them,
+        # carried until this process measures each size.
+        assert {m: list(s) for m, s in spec.engine.costs.carried.items()} == measured
+        assert spec.engine.costs.verify == {}
         assert spec.engine.costs.draft_seconds_per_token("draft") == pytest.approx(draft_cost)
         assert spec.engine.costs.verify_seconds(4) is not None
 
@@ -51,7 +53,7 @@ def test_costs_are_kept_apart_by_thread_count_and_drafter(fixture_models, cache_
         _generate(spec)
     for other in ({"draft": fixture_models.draft, "n_threads": 2}, {"draft": "ngram", "n_threads": 1}):
         with load(fixture_models.target, n_ctx=512, **other) as spec:
-            assert spec.engine.costs.verify == {}, other
+            assert spec.engine.costs.verify == {} and spec.engine.costs.carried == {}, other
             _generate(spec)
     assert len(list(cache_dir.iterdir())) == 3
 
@@ -63,7 +65,7 @@ def test_a_damaged_cost_file_is_ignored_and_replaced(fixture_models, cache_dir: 
     for damage in ("{not json", json.dumps({"format": 1, "costs": {"verify": {"2": [-1.0]}}}), "[]"):
         file.write_text(damage)
         with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
-            assert spec.engine.costs.verify == {}
+            assert spec.engine.costs.verify == {} and spec.engine.costs.carried == {}
             _generate(spec)
         assert json.loads(file.read_text())["costs"]["verify"]["1"]
 
@@ -147,4 +149,4 @@ def test_a_new_process_starts_from_the_draft_calibration_the_last_one_learned(fi
     record["learned"][hot]["draft"]["seen"] = [0.0] * len(learned["seen"])
     file.write_text(json.dumps(record))
     with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
-        assert spec.engine.learned.others == {} and spec.engine.costs.verify
+        assert spec.engine.learned.others == {} and spec.engine.costs.carried

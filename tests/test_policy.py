@@ -128,11 +128,11 @@ def test_samples_a_burst_of_load_slowed_are_left_out_even_when_they_are_most() -
             costs.observe_verify(m, 2.5 * (quiet[m] + ATTENTION * m * position), position)
     later = CostModel()
     later.restore(json.loads(json.dumps(costs.to_record())))
-    for model in (costs, later):
+    for model, samples in ((costs, costs.verify), (later, later.carried)):
         curve = model.verify_seconds(4, 500)
         assert curve is not None
         for m in (3, 4):
-            assert len(model.verify[m]) == 9
+            assert len(samples[m]) == 9
             assert curve[m - 1] == pytest.approx(quiet[m] + ATTENTION * m * 500, rel=0.02)
 
 
