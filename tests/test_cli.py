@@ -79,6 +79,24 @@ def check_stats_agree(out: dict) -> None:
     assert (s["stop_reason"] == "length") == (s["generated_tokens"] == 24)
 
 
+def test_run_says_on_stderr_when_it_decodes_plainly_and_why(fixture_models, in_empty_dir) -> None:
+    base = ("run", "--target", str(fixture_models.target), PROMPT, "-n", "4", *T1)
+    none_given = invoke(*base)
+    assert none_given.exit_code == 0
+    assert "decoding plainly: no draft given (--draft FILE.gguf, --draft ngram" in none_given.stderr
+    assert "decoding plainly: --no-draft" in invoke(*base, "--no-draft").stderr
+    assert "decoding plainly" not in invoke(*base, "--draft", "ngram").stderr
+    piped = invoke(*base, "--draft", "ngram")
+    assert "None" not in piped.stderr  # the figures on a pipe: n/a where one does not apply
+
+
+def test_run_json_carries_autos_reason(fixture_models, in_empty_dir) -> None:
+    stats = run_json(fixture_models, "--draft", "ngram", "--temp", "0")["stats"]
+    assert "auto_reason" in stats and "auto_holdback" in stats
+    if stats["auto_reason"] is not None:
+        assert stats["auto_holdback"]["text"] == stats["auto_reason"]
+
+
 def test_run_seed_is_reproducible(fixture_models, in_empty_dir) -> None:
     a = run_json(fixture_models, "--temp", "1", "-s", "7", "--draft", str(fixture_models.draft))
     b = run_json(fixture_models, "--temp", "1", "-s", "7", "--draft", str(fixture_models.draft))

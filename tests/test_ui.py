@@ -251,6 +251,62 @@ def test_plain_stats_lines_carry_the_values() -> None:
     assert lines["generated_tokens"] == "14" and lines["drafted"] == "14" and lines["accepted"] == "8"
     assert lines["acceptance_rate"] == str(round(8 / 14, 4))
     assert lines["stop_reason"] == "eos"
+    assert "auto_reason" not in lines
+
+
+def test_stats_lines_say_n_a_where_a_figure_does_not_apply_and_why_auto_held_back() -> None:
+    """On a pipe a figure that does not apply (nothing drafted, no seed) is n/a, never Python's None;
+    auto's reason is a line of its own when it held back."""
+    from specli.events import Holdback
+
+    stats = GenerationStats(n_generated=5, rounds=5, k_per_round=[0] * 5, generation_seconds=0.1,
+                            verify_seconds=0.05, verify_by_size={1: [5, 0.05]})
+    reason = "verify of 5 costs 3.1× one token here; acceptance 12 %: drafting would run at 0.80×"
+    stats.observe(DoneEvent("length", "", 0.1, Holdback("declined", reason, 5, 5)))
+    text = stats_lines(stats)
+    assert "None" not in text
+    lines = dict(line.split(": ", 1) for line in text.splitlines())
+    assert lines["acceptance_rate"] == "n/a" and lines["seed"] == "n/a" and lines["auto_reason"] == reason
+
+
+def test_the_panel_says_why_auto_held_back() -> None:
+    from specli.events import Holdback
+
+    stats = panel_stats()
+    stats.holdback = Holdback("nothing", "ngram: nothing to copy in 57 of 64 rounds", 57, 64)
+    text, _ = render(stats_panel(stats))
+    assert re.search(r"auto\s+ngram: nothing to copy in 57 of 64 rounds", text)
+
+
+def test_the_panel_of_a_run_without_a_draft_shows_no_drafting_rows() -> None:
+    """--no-draft: no draft cost (it was "draft n/a/token"), no drafts, no verify rule (it was
+    "sampling same-as-plain"); what the target's tokens cost instead."""
+    stats = GenerationStats(n_generated=5, rounds=5, k_per_round=[0] * 5, generation_seconds=0.1,
+                            verify_seconds=0.05, verify_by_size={1: [5, 0.05]}, sampling_mode="same-as-plain",
+                            seed=3)
+    text, _ = render(stats_panel(stats, drafting=False))
+    for absent in ("draft ", "drafted", "acceptance", "same-as-plain", "predicted"):
+        assert absent not in text, absent
+    assert re.search(r"target decode\s+10\.0 ms/token", text) and re.search(r"sampling\s+sampled", text)
+
+
+def test_specli_models_is_readable_at_80_columns() -> None:
+    """At 80 columns the table folded each file path into a 5-character column (173 lines): there each
+    model takes a line of facts and one for its file."""
+    from pathlib import Path
+
+    from specli.config import load_config, model_rows
+    from specli.ui.models_table import render_models
+
+    rows = model_rows(load_config(Path(__file__).parents[1] / "models.toml", strict=False))
+    for width in (80, 200):
+        console = Console(width=width, record=True)
+        console.print(render_models(rows, width, title="models"))
+        text = console.export_text()
+        assert all(len(line) <= width for line in text.splitlines())
+        assert len(text.strip().splitlines()) <= 2 * len(rows) + 6
+        for row in rows:
+            assert row["name"] in text and Path(row["path"]).name in text
 
 
 # -- the default `specli run` view, end to end ---------------------------------------------------------------

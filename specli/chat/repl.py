@@ -247,7 +247,11 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
                 continue
             if message.startswith("//"):
                 message = message[1:]
-            outcome = _reply(session, message, console=console, printer=printer, say=say, error=error)
+            if not interactive:
+                # stdout carries only the replies: stderr says which line each one answers.
+                say(f"[{len(session.turns) + 1}] > {_first_line(message)}")
+            outcome = _reply(session, message, console=console, printer=printer, say=say, error=error,
+                             numbered=not interactive)
             if outcome == "failed" and not interactive:
                 exit_code = EXIT_RUNTIME
             if outcome == "interrupted" and (not interactive or signals.terminated()):
@@ -260,10 +264,19 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
         save_history()
 
 
+def _first_line(message: str, width: int = 72) -> str:
+    """A message as one short line (a block's first line; long ones cut, with an ellipsis)."""
+    lines = message.strip().splitlines() or [""]
+    line = lines[0]
+    cut = len(line) > width or len(lines) > 1
+    return (line[: width - 1] + "…") if cut else line
+
+
 def _reply(session: ChatSession, message: str, *, console: Console, printer: Callable[[Event], None] | None,
-           say: Callable[..., None], error: Callable[[str], None]) -> str:
+           say: Callable[..., None], error: Callable[[str], None], numbered: bool = False) -> str:
     """Generate and show one reply: "done", "failed" (the error is shown, the chat goes on) or
-    "interrupted" (Ctrl-C or SIGTERM stopped it; the partial reply is kept)."""
+    "interrupted" (Ctrl-C or SIGTERM stopped it; the partial reply is kept). `numbered`: the stats line
+    carries the turn's number, as the line that showed its message did (piped input)."""
     out = console.file
     latch = _InterruptLatch()
     failure: str | None = None
@@ -307,5 +320,5 @@ def _reply(session: ChatSession, message: str, *, console: Console, printer: Cal
         return "failed"
     turn = session.turns[-1] if session.turns else None
     if turn is not None:
-        say(format_turn_line(turn))
+        say(f"[{turn.index}] {format_turn_line(turn)}" if numbered else format_turn_line(turn))
     return "interrupted" if interrupted or latch.fired else "done"

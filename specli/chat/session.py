@@ -500,14 +500,16 @@ def _rate(x: float | None) -> str:
 
 
 def format_turn_line(turn: TurnRecord) -> str:
-    """The one line after a reply: tokens, tok/s, acceptance, prefill."""
-    parts = [_plural(turn.generated_tokens, "token"), f"{_rate(turn.tokens_per_second)} tok/s"]
-    if turn.drafted:
-        parts.append(f"acceptance {_pct(turn.acceptance_rate)}")
-    parts.append(f"prefill {turn.prefill_tokens}")
+    """The one line after a reply: tokens, tok/s, acceptance (n/a with nothing drafted), prefill, and
+    why -k auto decoded most of it plainly when it did."""
+    parts = [_plural(turn.generated_tokens, "token"), f"{_rate(turn.tokens_per_second)} tok/s",
+             f"acceptance {_pct(turn.acceptance_rate)} ({turn.accepted}/{turn.drafted})",
+             f"prefill {turn.prefill_tokens}"]
     if turn.stop_reason in ("length", "context", "interrupted"):
         parts.append({"length": "hit max tokens", "context": "context full",
                       "interrupted": "interrupted"}[turn.stop_reason])
+    if turn.stats.auto_reason:
+        parts.append(f"auto: {turn.stats.auto_reason}")
     return " · ".join(parts)
 
 

@@ -33,6 +33,16 @@ from specli.bench.prediction import VerifyCurve
 from specli.bench.results import BenchResult, ConfigResult, Spread
 
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
+# A prediction off from the measured speedup by more than this factor either way is not shown: it
+# prices the runs' draft time with a verify curve measured at another moment, and a machine whose
+# load changed in between gave "predicted 0.00×, efficiency 6622 %".
+CREDIBLE = 3.0
+
+
+def credible_prediction(c: ConfigResult) -> bool:
+    """Whether the configuration's predicted speedup (and its efficiency) describe its runs."""
+    return (c.predicted_speedup is not None and c.efficiency is not None
+            and 1 / CREDIBLE <= c.efficiency <= CREDIBLE)
 
 
 # -- progress ---------------------------------------------------------------------------------------------
@@ -253,8 +263,10 @@ def results_table(result: BenchResult, *, compact: bool = False) -> Table:
             _num(c.spec_tps.median and float(_sig(c.spec_tps.median)), "g"))
         cells: list[Text | str] = [
             ("★ " if is_best else "") + f"{c.temperature:g}", k_text, *rates, speed, f"{c.wins}/{c.pairs}",
-            _pct(c.acceptance_rate), _num(c.tokens_per_round, ".2f"), _num(c.predicted_speedup, ".2f", "×"),
-            _pct(c.efficiency), _same(c, result.config.settings.same_as_plain),
+            _pct(c.acceptance_rate), _num(c.tokens_per_round, ".2f"),
+            *((_num(c.predicted_speedup, ".2f", "×"), _pct(c.efficiency)) if credible_prediction(c)
+              else ("–", "–")),
+            _same(c, result.config.settings.same_as_plain),
         ]
         if not compact:
             cells.append("/".join(_num(None if x is None else 100 * x, ".0f") for x in
@@ -370,7 +382,7 @@ def verdict(result: BenchResult) -> Text:
     if sp.min is not None and sp.max is not None and sp.n > 1:
         t.append(f", range {sp.min:.2f}–{sp.max:.2f}×", style="dim")
     t.append(")", style="dim")
-    if best.predicted_speedup is not None:
+    if best.predicted_speedup is not None and credible_prediction(best):
         t.append(f"; the cost model predicts {best.predicted_speedup:.2f}× from the measured acceptance "
                  f"and costs", style="dim")
         if best.efficiency is not None:
@@ -393,7 +405,9 @@ def render_bench(result: BenchResult, console: Console) -> None:
         console.print(table)
         console.print(Text("predicted: Leviathan et al. with two acceptance rates (first draft a1, later "
                            "a2), the draft cost and the verify curve, as -k auto predicts · efficiency = "
-                           "measured / predicted · spec won: pairs in which speculative decoding was faster",
+                           "measured / predicted (– where off by more than 3× either way: the verify curve "
+                           "and the runs were timed under different loads) · spec won: pairs in which "
+                           "speculative decoding was faster",
                            style="dim"))
         console.print()
         console.print(Group(Text("median speedup (┃ = 1.0×, break-even)", style="bold"),

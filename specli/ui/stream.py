@@ -121,7 +121,9 @@ def histogram(stats: GenerationStats, width: int = 30) -> Table:
     return table
 
 
-def stats_panel(stats: GenerationStats, *, title: str | Text = "speculation") -> Panel:
+def stats_panel(stats: GenerationStats, *, title: str | Text = "speculation", drafting: bool = True) -> Panel:
+    """The figures of a generation. `drafting`: a drafter was loaded; without one (plain decoding) the
+    drafting rows (drafts, acceptance, the draft's cost, the verify rule) would only say n/a."""
     t = Table.grid(padding=(0, 2))
     t.add_column(style="dim")
     t.add_column(justify="right")
@@ -133,35 +135,43 @@ def stats_panel(stats: GenerationStats, *, title: str | Text = "speculation") ->
     t.add_row(
         "tokens generated", str(stats.n_generated), "tokens/s", "n/a" if rate is None else f"{rate:.1f}"
     )
-    t.add_row(
-        "rounds",
-        str(stats.rounds),
-        "tokens/round",
-        "n/a" if stats.tokens_per_round is None else f"{stats.tokens_per_round:.2f}",
-    )
-    t.add_row(
-        "drafted / accepted", f"{stats.drafted} / {stats.accepted}", "acceptance", _pct(stats.acceptance_rate)
-    )
-    t.add_row(
-        "draft",
-        f"{_ms(stats.draft_ms_per_token)}/token",
-        "target verify",
-        f"{_ms(stats.verify_ms_per_round)}/round",
-    )
+    if drafting:
+        t.add_row(
+            "rounds",
+            str(stats.rounds),
+            "tokens/round",
+            "n/a" if stats.tokens_per_round is None else f"{stats.tokens_per_round:.2f}",
+        )
+        t.add_row(
+            "drafted / accepted", f"{stats.drafted} / {stats.accepted}", "acceptance",
+            _pct(stats.acceptance_rate)
+        )
+        t.add_row(
+            "draft",
+            f"{_ms(stats.draft_ms_per_token)}/token",
+            "target verify",
+            f"{_ms(stats.verify_ms_per_round)}/round",
+        )
     t.add_row(
         "prompt eval",
         f"{stats.n_prompt_evaluated} tok, {_ms(1000 * stats.prompt_seconds)}",
         "prompt tok/s",
         "n/a" if prompt_rate is None else f"{prompt_rate:.0f}",
     )
-    t.add_row(
-        "outside llama_decode",
-        _pct(stats.overhead_fraction),
-        "predicted speedup",
-        "n/a" if predicted is None else f"{predicted:.2f}×",
-    )
+    if drafting:
+        t.add_row(
+            "outside llama_decode",
+            _pct(stats.overhead_fraction),
+            "predicted speedup",
+            "n/a" if predicted is None else f"{predicted:.2f}×",
+        )
+    else:
+        t.add_row("outside llama_decode", _pct(stats.overhead_fraction), "target decode",
+                  f"{_ms(stats.verify_ms_per_round)}/token")
     if stats.sampling_mode:
-        t.add_row("sampling", stats.sampling_mode, "seed", "n/a" if stats.seed is None else str(stats.seed))
+        # Without a draft there is no verify rule: only whether it sampled.
+        mode = stats.sampling_mode if drafting or stats.sampling_mode == "greedy" else "sampled"
+        t.add_row("sampling", mode, "seed", "n/a" if stats.seed is None else str(stats.seed))
     if stats.accepted_by_drafter and len(stats.accepted_by_drafter) > 1:
         t.add_row(
             "accepted by drafter",
@@ -170,6 +180,9 @@ def stats_panel(stats: GenerationStats, *, title: str | Text = "speculation") ->
             "",
         )
     parts: list = [t]
+    if stats.auto_reason:
+        # Why -k auto decoded most tokens plainly, from its own figures: a right "no" or a wrong one.
+        parts.append(Text.assemble(("auto  ", "dim"), (stats.auto_reason, "yellow")))
     if stats.drafting_rounds:
         parts += [Text("accepted drafts per round", style="dim"), histogram(stats)]
     ks = stats.k_per_round
@@ -195,7 +208,8 @@ def sparkline(values: list[int], width: int = 60) -> str:
 
 
 def stats_lines(stats: GenerationStats) -> str:
-    """The stats as plain text lines (for stderr when stdout is not a terminal)."""
+    """The stats as plain text lines (for stderr when stdout is not a terminal): `n/a` where a figure
+    does not apply (JSON's null), and auto's reason when it decoded most tokens plainly."""
     d = stats.as_dict()
     keys = [
         "generated_tokens",
@@ -215,4 +229,6 @@ def stats_lines(stats: GenerationStats) -> str:
         "sampling_mode",
         "seed",
     ]
-    return "\n".join(f"{k}: {d[k]}" for k in keys)
+    if d["auto_reason"]:
+        keys.append("auto_reason")
+    return "\n".join(f"{k}: {'n/a' if d[k] is None else d[k]}" for k in keys)
