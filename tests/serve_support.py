@@ -3,14 +3,17 @@ read from the line it prints), waited on by its printed markers with bounded wai
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -18,6 +21,7 @@ import httpx
 EXE = shutil.which("specli") or str(Path(sys.executable).with_name("specli"))
 START_TIMEOUT = 120.0  # seconds for the models to load on a busy 2-core machine
 STOP_TIMEOUT = 60.0
+CLOSE_WITHIN = 15.0  # seconds a connection the server should drop may stay open (read timeout 1 s)
 
 
 class ServerProcess:
@@ -93,10 +97,7 @@ class ServerProcess:
 
     def rss_kib(self) -> int:
         """Resident memory of the server process, from /proc."""
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS in /proc/PID/status")
+        return rss_kib(self.proc.pid)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -127,3 +128,124 @@ def wait_until(condition, what: str, timeout: float = 60.0, interval: float = 0.
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout} s")
         time.sleep(interval)
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of a process, from /proc."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+# -- raw sockets ----------------------------------------------------------------------------------------
+
+
+def open_socket(server: ServerProcess, timeout: float = 10.0) -> socket.socket:
+    sock = socket.create_connection(server.address, timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def read_to_close(sock: socket.socket, within: float) -> bytes:
+    """Everything the server sends until it closes the connection; fails if it is still open after
+    `within` seconds."""
+    deadline = time.monotonic() + within
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"the server kept the connection open for {within} s (got {data[:200]!r})")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            return data
+        except TimeoutError:
+            continue
+        if not chunk:
+            return data
+        data += chunk
+
+
+def response_of(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict((k.strip().lower(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:]))
+    return int(lines[0].split()[1]), headers, body
+
+
+def request_bytes(server: ServerProcess, method: str, path: str, body: bytes = b"", *,
+                  keep_alive: bool = False, **headers: str) -> bytes:
+    """A request's bytes (`Content_Type="..."` for a header); it asks to close the connection after it
+    unless `keep_alive`."""
+    host, port = server.address
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}",
+             *([] if keep_alive else ["Connection: close"]),
+             *(f"{name.replace('_', '-')}: {value}" for name, value in headers.items())]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return "\r\n".join(lines).encode() + b"\r\n\r\n" + body
+
+
+def assert_healthy(server: ServerProcess, within: float = 1.0) -> None:
+    """/health answers 200, the best of three tries within `within` seconds."""
+    best = float("inf")
+    with server.client() as http:
+        for _ in range(3):
+            start = time.monotonic()
+            assert http.get("/health").status_code == 200
+            best = min(best, time.monotonic() - start)
+    assert best < within, f"/health took {best:.2f} s"
+
+
+class PeakRss:
+    """The highest resident memory of a process while the block runs, sampled every 10 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.before = self.peak = rss_kib(pid)
+        self._done = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, rss_kib(self.pid))
+            time.sleep(0.01)
+
+    @property
+    def added_mb(self) -> float:
+        return (self.peak - self.before) / 1024
+
+    def __enter__(self) -> PeakRss:
+        self._watcher.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._watcher.join(5)
+        self.peak = max(self.peak, rss_kib(self.pid))
+
+
+@contextlib.contextmanager
+def trickling(sockets: list[socket.socket], piece: Callable[[int], bytes], every: float, times: int
+              ) -> Iterator[None]:
+    """While the block runs, a thread sends `piece(i)` to every socket, for i = 0, 1, ... every `every`
+    seconds, `times` times at most (a socket the server closed is skipped)."""
+    stop = threading.Event()
+
+    def run() -> None:
+        for i in range(times):
+            for sock in sockets:
+                try:
+                    sock.send(piece(i))
+                except OSError:
+                    pass
+            if stop.wait(every):
+                return
+
+    feeder = threading.Thread(target=run, daemon=True)
+    feeder.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        feeder.join(5)

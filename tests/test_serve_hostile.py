@@ -8,14 +8,24 @@ from __future__ import annotations
 import json
 import resource
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serve_support import ServerProcess, wait_until
+from serve_support import (
+    CLOSE_WITHIN,
+    PeakRss,
+    ServerProcess,
+    assert_healthy,
+    open_socket,
+    read_to_close,
+    request_bytes,
+    response_of,
+    trickling,
+    wait_until,
+)
 
 import specli
 from specli.settings import defaults_for
@@ -23,50 +33,6 @@ from specli.settings import defaults_for
 PROMPT = "Once upon a time"
 # About 24,000 tokens of the fixture vocabulary: seconds of prompt evaluation on one thread.
 LONG_PROMPT = "Once upon a time there was a dog. " * 2700
-CLOSE_WITHIN = 15.0  # seconds a connection the server should drop may stay open (read timeout 1 s)
-
-
-def open_socket(server: ServerProcess, timeout: float = 10.0) -> socket.socket:
-    sock = socket.create_connection(server.address, timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def read_to_close(sock: socket.socket, within: float) -> bytes:
-    """Everything the server sends until it closes the connection; fails if it is still open after
-    `within` seconds."""
-    deadline = time.monotonic() + within
-    data = b""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"the server kept the connection open for {within} s (got {data[:200]!r})")
-        sock.settimeout(left)
-        try:
-            chunk = sock.recv(65536)
-        except (ConnectionResetError, BrokenPipeError):
-            return data
-        except TimeoutError:
-            continue
-        if not chunk:
-            return data
-        data += chunk
-
-
-def response_of(raw: bytes) -> tuple[int, dict[str, str], bytes]:
-    head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = dict((k.strip().lower(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:]))
-    return int(lines[0].split()[1]), headers, body
-
-
-def request_bytes(server: ServerProcess, method: str, path: str, body: bytes = b"", **headers: str) -> bytes:
-    host, port = server.address
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
-             *(f"{name.replace('_', '-')}: {value}" for name, value in headers.items())]
-    if body or method == "POST":
-        lines.append(f"Content-Length: {len(body)}")
-    return "\r\n".join(lines).encode() + b"\r\n\r\n" + body
 
 
 @pytest.fixture(scope="module")
@@ -78,53 +44,28 @@ def server(fixture_models, tmp_path_factory):
         assert process.stop() == 0
 
 
-def assert_healthy(server: ServerProcess, within: float = 1.0) -> None:
-    """/health answers 200, the best of three tries within `within` seconds."""
-    best = float("inf")
-    with server.client() as http:
-        for _ in range(3):
-            start = time.monotonic()
-            assert http.get("/health").status_code == 200
-            best = min(best, time.monotonic() - start)
-    assert best < within, f"/health took {best:.2f} s"
-
-
 # -- idle, slow and stalled connections -----------------------------------------------------------------
 
 
 def test_idle_trickling_and_stalled_connections_are_closed(server) -> None:
     silent = [open_socket(server) for _ in range(20)]
-    trickling = [open_socket(server) for _ in range(10)]
+    trickling_sockets = [open_socket(server) for _ in range(10)]
     stalled = [open_socket(server) for _ in range(10)]
     for sock in stalled:  # a head that promises 100 bytes of body, and 10 of them
         sock.sendall(request_bytes(server, "POST", "/v1/completions", b"", Content_Type="application/json")
                      .replace(b"Content-Length: 0", b"Content-Length: 100") + b'{"prompt":')
     # One byte of a request head every 0.2 s: bytes that keep coming must not keep the connection.
     head = request_bytes(server, "GET", "/health")
-    stop = threading.Event()
-
-    def trickle() -> None:
-        for i in range(len(head)):
-            for sock in trickling:
-                try:
-                    sock.send(head[i : i + 1])
-                except OSError:
-                    pass
-            if stop.wait(0.2):
-                return
-
-    feeder = threading.Thread(target=trickle, daemon=True)
-    feeder.start()
     try:
-        for sock in silent + trickling:
-            assert read_to_close(sock, CLOSE_WITHIN) == b""  # closed, nothing answered: no request came
-        for sock in stalled:
-            status, headers, body = response_of(read_to_close(sock, CLOSE_WITHIN))
-            assert status == 408 and headers["content-type"] == "application/json"
-            assert json.loads(body)["error"]["code"] == "request_timeout"
+        with trickling(trickling_sockets, lambda i: head[i : i + 1], 0.2, len(head)):
+            for sock in silent + trickling_sockets:
+                assert read_to_close(sock, CLOSE_WITHIN) == b""  # closed, nothing answered: no request came
+            for sock in stalled:
+                status, headers, body = response_of(read_to_close(sock, CLOSE_WITHIN))
+                assert status == 408 and headers["content-type"] == "application/json"
+                assert json.loads(body)["error"]["code"] == "request_timeout"
     finally:
-        stop.set()
-        for sock in silent + trickling + stalled:
+        for sock in silent + trickling_sockets + stalled:
             sock.close()
     assert_healthy(server)
 
@@ -347,28 +288,11 @@ def test_a_stop_signal_while_loading_never_says_ready(fixture_models) -> None:
 # -- big prompts ----------------------------------------------------------------------------------------
 
 
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
-
 def test_huge_prompts_are_refused_from_their_size_with_memory_flat(server) -> None:
     huge = {"prompt": "Once upon a time there was a dog. " * 230_000, "max_tokens": 4}  # 7.8 MB
     assert 7_500_000 < len(json.dumps(huge)) < 8 * 2**20
-    before = server.rss_kib()
-    peak = before
-    done = threading.Event()
-
-    def watch() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, _rss_kib(server.proc.pid))
-            time.sleep(0.02)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
     slowest_health = 0.0
-    try:
+    with PeakRss(server.proc.pid) as memory:
         with ThreadPoolExecutor(8) as pool:
             replies = [pool.submit(lambda: server.client().post("/v1/completions", json=huge))
                        for _ in range(8)]
@@ -382,12 +306,9 @@ def test_huge_prompts_are_refused_from_their_size_with_memory_flat(server) -> No
                 assert response.status_code == 400, response.text
                 error = response.json()["error"]
                 assert error["code"] == "context_length_exceeded" and "at least" in error["message"]
-    finally:
-        done.set()
-        watcher.join(5)
     after = server.rss_kib()
     # Each request holds its body and its text a few times over (~25 MB), never its tokens; what they
     # took goes back once they are answered (before: 2.5 GB peak for 16, ~500 MB left behind).
-    assert peak - before < 400 * 1024, f"peak {peak - before} KiB above {before} KiB"
-    assert after - before < 80 * 1024, f"{after - before} KiB stayed"
+    assert memory.added_mb < 400, f"peak {memory.added_mb:.0f} MB above {memory.before} KiB"
+    assert after - memory.before < 80 * 1024, f"{after - memory.before} KiB stayed"
     assert slowest_health < 2.0, f"/health took {slowest_health:.2f} s while the prompts were refused"
