@@ -566,8 +566,8 @@ ERROR_CODES = {400: "invalid_request", 404: "unknown_url", 405: "method_not_allo
 
 def _hardened(app: ASGIApp) -> ASGIApp:
     """`app` with SECURITY_HEADERS on every response, and every error in OpenAI's JSON shape, the ones that
-    come from outside the routes too (Starlette's CORS refusals, a static file's Range errors, uvicorn's
-    own 500), their text as the message."""
+    come from outside the routes too (Starlette's CORS refusals, a static file's Range errors), their
+    text as the message."""
 
     async def hardened(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
