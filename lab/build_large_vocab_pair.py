@@ -23,15 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from specli_synth.gguf_writer import LlamaSpec, write_llama_gguf
-from specli_synth.vocab import BYTE_TOKENS, SPECIAL_TOKENS, Vocab
-
-
-def large_vocab(n: int) -> Vocab:
-    pieces = [f"\u2581p{i}" for i in range(n - len(SPECIAL_TOKENS) - len(BYTE_TOKENS))]
-    tokens = (*SPECIAL_TOKENS, *BYTE_TOKENS, *pieces)
-    types = (2, 3, 3, *([6] * len(BYTE_TOKENS)), *([1] * len(pieces)))  # unknown, control, byte, normal
-    scores = tuple(0.0 if i < 259 else -float(i) for i in range(n))
-    return Vocab(tokens, scores, types)
+from specli_synth.vocab import piece_vocab
 
 
 def weights(spec: LlamaSpec, embed: np.ndarray, out: np.ndarray, seed: int) -> dict:
@@ -66,7 +58,7 @@ def main() -> None:
     opts.vocab = opts.vocab or (262_144 if gemma else 151_936)
     prefix = "gemma-shaped" if gemma else "large-vocab"
     opts.directory.mkdir(parents=True, exist_ok=True)
-    vocab = large_vocab(opts.vocab)
+    vocab = piece_vocab(opts.vocab)
     rng = np.random.default_rng(0)
     if gemma:
         target = LlamaSpec(n_vocab=opts.vocab, n_embd=640, n_layer=18, n_head=4, n_head_kv=1, n_ff=2048,

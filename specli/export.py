@@ -201,7 +201,7 @@ def _llama_server(spec: ExportInput, drafter: Drafting | None, k: int, host: str
     notes: list[str] = []
     types: list[str] = []
     if drafter is not None:
-        if drafter.kind.uses_model:
+        if not drafter.kind.reserved:  # a file: a draft model or a trained head
             argv += ["-md", str(spec.draft)]
         if drafter.combined:
             types.append(NGRAM_LOOKUP.equivalents.llama_server)
@@ -219,7 +219,7 @@ def _llama_server(spec: ExportInput, drafter: Drafting | None, k: int, host: str
     if drafter is not None and drafter.kind.takes_p_min:
         argv += ["--spec-draft-p-min", f"{s.draft_p_min:g}"]
     argv += ["-c", str(s.ctx), "-ngl", _gpu_layers(s.gpu_layers)]
-    if drafter is not None and drafter.kind.uses_model:
+    if drafter is not None and not drafter.kind.reserved:
         argv += ["-ngld", _gpu_layers(s.gpu_layers)]
     if s.threads > 0:
         argv += ["-t", str(s.threads)]
@@ -267,7 +267,7 @@ def _hf(spec: ExportInput, engine: str) -> tuple[str, str | None, list[str]]:
                      f"the repository of {spec.target.name}'s model (or add hf = \"OWNER/NAME\" to its "
                      "models.toml entry)")
     kind = drafter_kind(spec.draft)
-    if kind is not None and kind.uses_model:
+    if kind is not None and not kind.reserved:
         draft = spec.draft_hf or DRAFT_PLACEHOLDER
         if spec.draft_hf is None:
             notes.append(f"replace {DRAFT_PLACEHOLDER} with the Hugging Face repository of the draft "
@@ -305,6 +305,9 @@ def _vllm(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
         if method == "ngram":  # vLLM's prompt lookup: the match lengths specli's lookup tries
             config |= {"prompt_lookup_max": NGRAM_LOOKUP_MAX, "prompt_lookup_min": NGRAM_LOOKUP_MIN}
         argv += ["--speculative-config", json.dumps(config)]
+    if drafter is not None and method is None:
+        notes.append(f"vLLM has no equivalent of {drafter.kind.description.split(':')[0]} "
+                     f"({drafter.kind.name}): the command serves without speculative decoding")
     if drafter is not None and drafter.combined:
         notes.append("combined drafting (--ngram) has no vLLM equivalent: the draft model alone drafts")
     if drafter is not None and drafter.kind.takes_p_min and s.draft_p_min > 0:
@@ -344,6 +347,9 @@ def _sglang(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
             # one chain of k draft steps (top-k 1), verified as k + 1 tokens
             argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
                      "--speculative-num-draft-tokens", str(k + 1)]
+    if drafter is not None and algorithm is None:
+        notes.append(f"SGLang has no equivalent of {drafter.kind.description.split(':')[0]} "
+                     f"({drafter.kind.name}): the command serves without speculative decoding")
     if drafter is not None and drafter.combined:
         notes.append("combined drafting (--ngram) has no SGLang equivalent: the draft model alone drafts")
     if drafter is not None and drafter.kind.takes_p_min and s.draft_p_min > 0:

@@ -142,6 +142,10 @@ def plan_run(
             "--ngram adds n-gram lookup to a draft model, and there is none: give --draft MODEL "
             "(or --draft ngram for n-gram lookup alone)"
         )
+    if ngram and not drafter_kind(draft_arg).uses_model:  # type: ignore[union-attr]
+        kind = drafter_kind(draft_arg)
+        raise UsageProblem(f"--ngram adds n-gram lookup to a draft model; {Path(str(draft_arg)).name} is "
+                           f"{kind.needs} ({kind.name}), which drafts alone: drop --ngram")  # type: ignore[union-attr]
     plan = Plan(validated(target_path, speculative_target=draft_arg is not None), draft_arg, ngram, settings,
                 name, notes, config=found)
     if plan.draft_model is not None and plan.draft_model.resolve() == plan.target.resolve():

@@ -113,6 +113,16 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, *, seconds: float
                 f"{log.read_text(errors='replace')[-3000:]}")
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 20 s: a server the test started never outlives it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=20)
+
+
 @needs_llama_server
 def test_llama_server_from_export_speculates_and_bench_reads_it(fixture_models, tmp_path) -> None:
     port = _free_port()
@@ -164,12 +174,7 @@ def test_llama_server_from_export_speculates_and_bench_reads_it(fixture_models, 
         rows = out_csv.read_text().splitlines()
         assert len(rows) == 1 + 8 + 4 and sum(",server," in row for row in rows[1:]) == 4
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
+        stop_server(proc)
 
 
 def test_bench_reads_a_specli_server(fixture_models, tmp_path) -> None:

@@ -121,7 +121,10 @@ def test_the_synthetic_model_writer_is_not_in_the_runtime_package() -> None:
 def test_every_registered_drafter_is_described_coloured_and_offered(name: str) -> None:
     kind = DRAFTERS[name]
     assert kind.description and kind.needs
-    Style.parse(kind.colour)  # a colour the terminal (and the page) can show
+    Style.parse(kind.colour)  # a colour the terminal can show...
+    page = (PACKAGE / "serve" / "static" / "app.js").read_text(encoding="utf-8")
+    css = page[page.index("const CSS_COLOURS"):page.index("};", page.index("const CSS_COLOURS"))]
+    assert f"{kind.colour}:" in css  # ...and the page
     assert colour_of(name) == kind.colour
     if kind.reserved:
         assert name in draft_help() and drafter_kind(name) is kind

@@ -13,9 +13,11 @@ with what differs.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import subprocess
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,10 +25,12 @@ import llama_cpp
 import numpy as np
 import pytest
 from support import BONUS_ROW, POSITION_RULES, assert_one_line_error, bonus_law, position_law, specli
+from test_bench_server import LLAMA_SERVER, _free_port, _wait_healthy, needs_llama_server, runner, stop_server
 from test_exactness import UNFILTERED, assert_mid_range, assert_no_failure, run_trials, tv_failure, unless
 
 from specli import GenerationParams, SamplingParams, load
 from specli import llama as specli_llama
+from specli.cli import app
 from specli.drafters.registry import DRAFTERS, drafter_kind
 from specli.gguf_info import read_gguf_info
 from specli.sampling import Noise, Sampler
@@ -317,3 +321,57 @@ def test_llama_speculative_simple_runs_each_file_with_specli_s_acceptance(traine
     _, stats = generate(trained_drafters.target, head_file(trained_drafters, kind), 200, GREEDY)
     ours = stats["accepted"] / stats["drafted"]
     assert drafted > 100 and abs(ours - accepted / drafted) <= 0.02, (ours, accepted / drafted)
+
+
+@needs_llama_server
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_exported_llama_server_command_speculates_with_the_same_file(trained_drafters, tmp_path: Path,
+                                                                         kind: str) -> None:
+    """`specli export --to llama-server` with a trained head: -md FILE --spec-type draft-<kind>, and the
+    server it starts drafts with it (timings' draft_n > 0)."""
+    port = _free_port()
+    head = head_file(trained_drafters, kind)
+    args = ["-m", str(trained_drafters.target), "--draft", str(head), "-k", "4", "--temp", "0", "-c", "512",
+            "-t", "1", "--port", str(port)]
+    exported = runner.invoke(app, ["export", "--to", "llama-server", "--json", *args], catch_exceptions=False)
+    assert exported.exit_code == 0, exported.output
+    argv = json.loads(exported.stdout)["argv"]
+    assert argv[argv.index("--spec-type") + 1] == SPEC_TYPES[kind]
+    assert argv[argv.index("-md") + 1] == str(head)
+    log = tmp_path / "llama-server.log"
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(LLAMA_SERVER), *argv[1:]], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "GGML_CPU_TILED_MM": "0"})
+    try:
+        _wait_healthy(proc, url, log)
+        request = urllib.request.Request(
+            url + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
+            data=json.dumps({"prompt": PROMPT, "max_tokens": 48, "temperature": 0}).encode())
+        with urllib.request.urlopen(request, timeout=120) as r:
+            reply = json.loads(r.read())
+        assert reply["timings"].get("draft_n", 0) > 0, reply["timings"]
+    finally:
+        stop_server(proc)
+
+
+def test_export_names_each_engine_s_equivalent_or_says_there_is_none(trained_drafters) -> None:
+    def export(engine: str, kind: str) -> dict:
+        result = runner.invoke(app, ["export", "--to", engine, "--json", "-m", str(trained_drafters.target),
+                                     "--draft", str(head_file(trained_drafters, kind)), "-k", "3"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    vllm = export("vllm", "eagle3")
+    config = json.loads(vllm["argv"][vllm["argv"].index("--speculative-config") + 1])
+    assert config == {"method": "eagle3", "model": "HF_DRAFT_REPO", "num_speculative_tokens": 3}
+    sglang = export("sglang", "eagle3")["argv"]
+    assert sglang[sglang.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert sglang[sglang.index("--speculative-draft-model-path") + 1] == "HF_DRAFT_REPO"
+    dflash = export("vllm", "dflash")
+    assert json.loads(dflash["argv"][dflash["argv"].index("--speculative-config") + 1])["method"] == "dflash"
+    for engine, kind in (("sglang", "dflash"), ("vllm", "dspark"), ("sglang", "dspark")):
+        out = export(engine, kind)
+        assert "--speculative-config" not in out["argv"] and "--speculative-algorithm" not in out["argv"]
+        assert any(f"({kind}): the command serves without speculative decoding" in n for n in out["notes"])

@@ -64,8 +64,7 @@ def ngram_llama_weights(
     seen_slot = code_start + seen
     const_dim = seen_slot + seen
     pad_dim = const_dim + 1
-    next_scale = _budget_scale(factors.next_row, (0.55 if skip_rank else 0.75) * d)
-    skip_scale = _budget_scale(factors.skip_row, 0.2 * d)
+    next_scale, skip_scale = factor_scales(factors, d)
     code_norm = np.sqrt(0.05 * d)
     codes = np.random.default_rng([config.seed, 0xC0DE]).standard_normal(
         (spec.n_vocab, seen), dtype=np.float32
@@ -148,6 +147,14 @@ def ngram_llama_weights(
             fan_in = q_width if kind == "attn_output" else shape[1]
             weights[name] = random_matrix(shape, gains[kind] / np.sqrt(fan_in), config.seed, name)
     return weights
+
+
+def factor_scales(factors: NgramFactors, n_embd: int) -> tuple[float, float]:
+    """The scales of the bigram and skip-bigram rows in the embedding (next_row * a, skip_row * b): a
+    share of the residual's squared norm each."""
+    skip_rank = factors.skip_row.shape[1]
+    return (_budget_scale(factors.next_row, (0.55 if skip_rank else 0.75) * n_embd),
+            _budget_scale(factors.skip_row, 0.2 * n_embd))
 
 
 def _budget_scale(rows: np.ndarray, budget: float) -> float:

@@ -56,10 +56,10 @@ from specli_synth.gguf_writer import (
     write_tensors,
 )
 from specli_synth.model_config import SynthModelConfig
-from specli_synth.ngram_model import ngram_llama_weights, random_matrix
+from specli_synth.ngram_model import factor_scales, ngram_llama_weights, random_matrix
 from specli_synth.ngram_stats import NgramFactors
 from specli_synth.rope_heads import peak_weights, peaked_query_key, qk_norm_weight, to_neox
-from specli_synth.vocab import Vocab
+from specli_synth.vocab import Vocab, piece_vocab
 
 Weights = dict[str, Callable[[], np.ndarray]]
 
@@ -77,6 +77,9 @@ class DrafterSizes:
     fc_noise: float = 0.05  # rms of the other target layers' share in fc
     dflash_noise: float = 0.15  # rms of the DFlash/DSpark backbone's random second layer
     n_ff: int = 128
+    # A large vocabulary: DFlash's output head covers the reduced vocabulary too (llama.cpp takes a
+    # d2t there as well), and the heads' precomputed chains look only at it.
+    reduced: bool = False
     dtype: WeightDType = "f32"
 
 
@@ -172,37 +175,31 @@ def target_output(config: SynthModelConfig, factors: NgramFactors, n_vocab: int,
     return ngram_llama_weights(config.spec(n_vocab), factors, config, bos_id=bos_id)["output.weight"]()
 
 
-def _scales(config: SynthModelConfig, factors: NgramFactors, n_vocab: int, bos_id: int
-            ) -> tuple[float, float]:
-    """The scales the target's embedding gives the bigram and skip factors (next_row * a, skip_row * b),
-    read back from its embedding matrix so the drafters write the same vectors."""
-    emb = ngram_llama_weights(config.spec(n_vocab), factors, config, bos_id=bos_id)["token_embd.weight"]()
-    rank, skip = factors.next_row.shape[1], factors.skip_row.shape[1]
-    a = _ratio(emb[:, :rank], factors.next_row)
-    b = _ratio(emb[:, rank : rank + skip], factors.skip_row) if skip else 1.0
-    return a, b
-
-
-def _ratio(scaled: np.ndarray, raw: np.ndarray) -> float:
-    norm = float(np.square(raw).sum())
-    return float((scaled * raw).sum() / norm) if norm > 0 else 1.0
-
-
-def greedy_chain(factors: NgramFactors, length: int, chunk: int = 4096) -> np.ndarray:
+def greedy_chain(factors: NgramFactors, length: int, candidates: np.ndarray | None = None,
+                 chunk: int = 1024) -> np.ndarray:
     """(n_vocab, length + 1): column 0 is the token a itself, column j the j-th token of the target's
     greedy continuation of a by bigram + skip-bigram + unigram (the token before a unknown: no skip
-    term for the first step). Computed in chunks of anchors (the logits of a chunk are
-    chunk x n_vocab)."""
+    term for the first step). With *candidates* (a large vocabulary: the reduced draft vocabulary),
+    each step's argmax is over them, and steps after the first follow each candidate's own greedy
+    successor (bigram + unigram: a table, where pairs would cost a pass over the vocabulary a step).
+    Computed in chunks of anchors."""
     n = len(factors.bias)
+    cand = np.arange(n) if candidates is None else candidates
     chain = np.zeros((n, length + 1), dtype=np.int64)
     chain[:, 0] = np.arange(n)
+    cols, skip_cols, bias = factors.next_col[cand].T, factors.skip_col[cand].T, factors.bias[cand]
     for start in range(0, n, chunk):
         rows = slice(start, min(start + chunk, n))
-        for j in range(1, length + 1):
-            logits = factors.next_row[chain[rows, j - 1]] @ factors.next_col.T + factors.bias
+        for j in range(1, length + 1 if candidates is None else 2):
+            logits = factors.next_row[chain[rows, j - 1]] @ cols + bias
             if j >= 2 and factors.skip_row.shape[1]:
-                logits += factors.skip_row[chain[rows, j - 2]] @ factors.skip_col.T
-            chain[rows, j] = np.argmax(logits, axis=1)
+                logits += factors.skip_row[chain[rows, j - 2]] @ skip_cols
+            chain[rows, j] = cand[np.argmax(logits, axis=1)]
+    if candidates is not None and length >= 2:
+        successor = np.zeros(n, dtype=np.int64)
+        successor[cand] = greedy_chain(factors, 1, cand, chunk)[cand, 1]
+        for j in range(2, length + 1):
+            chain[:, j] = successor[chain[:, j - 1]]
     return chain
 
 
@@ -370,8 +367,9 @@ class BlockShape:
                 "markov_w2.weight": (self.n_out, self.markov_rank),
                 "conf_proj.weight": (1, d + self.markov_rank),
                 "conf_proj.bias": (1,),
-                "d2t": (self.n_out,),
             }
+        if self.n_out < self.n_vocab:
+            shapes["d2t"] = (self.n_out,)
         return shapes
 
 
@@ -427,20 +425,22 @@ def block_weights(config: SynthModelConfig, factors: NgramFactors, sizes: Drafte
                          f"at least {lay.used} wide (its width is the target's), not {d}")
     hd = max(16, -(-lay.width // 8) * 8)
     n_head = 2 if dspark else block  # DSpark: skip + real; DFlash: skip + one per slot
-    d2t = frequent_tokens(factors, sizes.draft_vocab) if dspark else np.arange(n_vocab, dtype=np.int64)
+    reduced = dspark or sizes.reduced
+    d2t = frequent_tokens(factors, sizes.draft_vocab) if reduced else np.arange(n_vocab, dtype=np.int64)
     markov_rank = rank + 1 if dspark else 0
     shape = BlockShape(d, n_head, hd, sizes.n_ff, 2, n_vocab, len(d2t), len(sizes.dflash_layers) * d_t,
                        markov_rank)
     weights = _random_weights(shape.shapes(), seed, gain=0.5)
-    if dspark:
+    if reduced:
         weights["d2t"] = lambda: d2t
+    if dspark:
         weights["markov_w1.weight"] = random_matrix((n_vocab, markov_rank), 0.3, seed, "markov_w1")
         weights["markov_w2.weight"] = random_matrix((len(d2t), markov_rank), 0.3, seed, "markov_w2")
         weights["conf_proj.bias"] = lambda: np.zeros(1, np.float32)
     if not structured:
         return shape, weights
 
-    a, b = _scales(config, factors, n_vocab, vocab.bos_id)
+    a, b = factor_scales(factors, d_t)
     key_dim = lay.ctx + tgt["const"]
     ctx_skip = lay.ctx + tgt["skip_start"]  # where a token's own skip factors sit (target layout)
     w = peak_weights(hd, config.rope_theta, 512, list(range(1, block)), before=block, margin=12.0)
@@ -450,7 +450,7 @@ def block_weights(config: SynthModelConfig, factors: NgramFactors, sizes: Drafte
             if dspark:
                 emb[:, ctx_skip : ctx_skip + skip] = factors.skip_row * b
                 return
-            chain = greedy_chain(factors, block - 2)
+            chain = greedy_chain(factors, block - 2, d2t if sizes.reduced else None)
             for j in range(1, block):
                 at = (j - 1) * lay.width
                 emb[:, at : at + rank] = factors.next_row[chain[:, j - 1]] * a
@@ -545,7 +545,7 @@ def block_weights(config: SynthModelConfig, factors: NgramFactors, sizes: Drafte
         # markov_w2 . markov_w1[prev] is the bigram of prev; the last dim of w1 is how sure that bigram
         # is, which only the confidence head reads (w2 has a zero column there).
         weights["markov_w1.weight"] = lambda: np.concatenate(
-            [factors.next_row, _confidence_logits(factors)[:, None]], axis=1)
+            [factors.next_row, _confidence_logits(factors, d2t)[:, None]], axis=1)
         weights["markov_w2.weight"] = lambda: np.concatenate(
             [factors.next_col[d2t], np.zeros((len(d2t), 1), np.float32)], axis=1)
 
@@ -571,13 +571,14 @@ def _random_weights(shapes: Mapping[str, tuple[int, ...]], seed: int, gain: floa
     return weights
 
 
-def _confidence_logits(factors: NgramFactors, chunk: int = 4096) -> np.ndarray:
-    """Per token a, the log-odds of the likeliest next token under bigram(a) + unigram: how sure the
-    target's main term is after a."""
+def _confidence_logits(factors: NgramFactors, candidates: np.ndarray, chunk: int = 1024) -> np.ndarray:
+    """Per token a, the log-odds of the likeliest next token under bigram(a) + unigram over the
+    *candidates* (the draft vocabulary): how sure the target's main term is after a."""
     n = len(factors.bias)
+    cols, bias = factors.next_col[candidates].T, factors.bias[candidates]
     out = np.zeros(n, np.float32)
     for start in range(0, n, chunk):
-        logits = factors.next_row[start : start + chunk] @ factors.next_col.T + factors.bias
+        logits = factors.next_row[start : start + chunk] @ cols + bias
         logits -= logits.max(axis=1, keepdims=True)
         top = 1.0 / np.exp(logits).sum(axis=1)
         out[start : start + chunk] = np.log(np.clip(top, 1e-6, 1 - 1e-6) / np.clip(1 - top, 1e-6, 1.0))
@@ -617,6 +618,48 @@ TRAINED_TARGET = replace(FIXTURE_TARGET, n_embd=384, n_layer=4, n_ff=256, seed=2
 TINY_SIZES = DrafterSizes(eagle3_layers=(1, 2, 3), dflash_layers=(1, 3), draft_vocab=400)
 
 
+# A target that costs on 2 CPU cores what Gemma 3 270M does (its vocabulary head most of a token): a
+# Qwen3 shape with Qwen3's 151,936 tokens, 12 layers 768 wide, Q8_0; random token statistics (no corpus
+# here has 152k tokens' worth of bigrams).
+BENCH_TARGET = SynthModelConfig(
+    n_embd=768,
+    n_layer=12,
+    n_head=12,
+    n_head_kv=4,
+    n_ff=2048,
+    rank=64,
+    skip_rank=16,
+    seen_dims=8,
+    seen_penalty=4.0,
+    noise_gain=0.05,
+    seed=31,
+    name="specli-bench-target",
+)
+BENCH_VOCAB = 151_936
+# EAGLE-3's layers as the converter picks them without an explicit list ([2, L/2, L-3]).
+BENCH_SIZES = DrafterSizes(eagle3_layers=(2, 6, 9), dflash_layers=(1, 5, 9, 11), draft_vocab=32_000,
+                           n_ff=1024, dtype="q8_0", reduced=True)
+
+
+def random_factors(n_vocab: int, rank: int, skip_rank: int, seed: int, *, spread: float = 3.0,
+                   skip_spread: float = 1.0, zipf: float = 1.1) -> NgramFactors:
+    """Token statistics without a corpus: bigram and skip-bigram logits of standard deviation *spread*
+    and *skip_spread* (random factors), a Zipf unigram over a random order of the tokens."""
+    rng = np.random.default_rng([seed, 0xB16])
+
+    def pair(n_cols: int, std: float) -> tuple[np.ndarray, np.ndarray]:
+        scale = np.float32(np.sqrt(std / np.sqrt(max(n_cols, 1))))
+        return (rng.standard_normal((n_vocab, n_cols), dtype=np.float32) * scale,
+                rng.standard_normal((n_vocab, n_cols), dtype=np.float32) * scale)
+
+    next_row, next_col = pair(rank, spread)
+    skip_row, skip_col = pair(skip_rank, skip_spread)
+    ranks = rng.permutation(n_vocab).astype(np.float64)
+    log_p = -zipf * np.log(ranks + 10.0)
+    log_p -= np.log(np.exp(log_p - log_p.max()).sum()) + log_p.max()
+    return NgramFactors(next_row, next_col, skip_row, skip_col, log_p.astype(np.float32))
+
+
 @dataclass(frozen=True)
 class TrainedDrafterFiles:
     """The files of a set: a target and, per drafter, a structured and a random head."""
@@ -635,19 +678,27 @@ def write_trained_drafters(directory: str | Path, *, size: str = "tiny", seed: i
                            ) -> TrainedDrafterFiles:
     """Write the set into *directory* (``target.gguf``, ``eagle3.gguf``, ``dflash.gguf``, ``dspark.gguf``
     and ``*-random.gguf``). *size* ``tiny``: the fixture vocabulary (600 tokens, statistics of the
-    fixture story), a 384-wide 4-layer target, built in about a second. *target_width*: another width
+    fixture story), a 384-wide 4-layer target, built in about a second; ``bench``: BENCH_TARGET in Q8_0
+    (~1 GB in all, a few minutes), for measuring speed. *target_width*: another width
     (512: rows K-quants take, for a target quantized afterwards). *dtype*: the matrices' (F32 by
     default; llama.cpp computes Q8_0 rows bit for bit alike in any batch, F32 ones within ~1e-6)."""
     from specli_synth.ngram_model import config_factors
 
-    if size != "tiny":
-        raise ValueError(f"unknown size {size!r}: tiny")
     directory = Path(directory)
-    trained = fixture_vocab()
-    config = replace(TRAINED_TARGET, seed=TRAINED_TARGET.seed + 1000 * seed,
-                     n_embd=target_width or TRAINED_TARGET.n_embd)
-    factors = config_factors(trained, config)
-    vocab, sizes = trained.vocab, replace(TINY_SIZES, dtype=dtype or TINY_SIZES.dtype)
+    if size == "tiny":
+        trained = fixture_vocab()
+        config = replace(TRAINED_TARGET, seed=TRAINED_TARGET.seed + 1000 * seed,
+                         n_embd=target_width or TRAINED_TARGET.n_embd)
+        factors = config_factors(trained, config)
+        vocab, sizes = trained.vocab, TINY_SIZES
+    elif size == "bench":
+        config = replace(BENCH_TARGET, seed=BENCH_TARGET.seed + 1000 * seed,
+                         n_embd=target_width or BENCH_TARGET.n_embd)
+        factors = random_factors(BENCH_VOCAB, config.rank, config.skip_rank, config.seed)
+        vocab, sizes = piece_vocab(BENCH_VOCAB), BENCH_SIZES
+    else:
+        raise ValueError(f"unknown size {size!r}: tiny or bench")
+    sizes = replace(sizes, dtype=dtype or sizes.dtype)
     target = write_qwen3_target(directory / "target.gguf", config, factors, vocab, sizes.dtype)
     files = {"target": target}
     for structured in (True, False):

@@ -69,6 +69,17 @@ _CHUNK_RE = re.compile(
 )
 
 
+def piece_vocab(n: int) -> Vocab:
+    """A vocabulary of *n* tokens without a corpus: the specials, the 256 byte tokens, then synthetic
+    pieces "▁p0", "▁p1", ... (a large vocabulary's size, for speed, not for text)."""
+    pieces = [f"{SPACE_MARK}p{i}" for i in range(n - len(SPECIAL_TOKENS) - len(BYTE_TOKENS))]
+    tokens = (*SPECIAL_TOKENS, *BYTE_TOKENS, *pieces)
+    types = (TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL,
+             *([TOKEN_TYPE_BYTE] * len(BYTE_TOKENS)), *([TOKEN_TYPE_NORMAL] * len(pieces)))
+    scores = tuple(0.0 if i < len(SPECIAL_TOKENS) + len(BYTE_TOKENS) else -float(i) for i in range(n))
+    return Vocab(tokens, scores, types)
+
+
 def _chunks(document: str) -> list[str]:
     """Split a document as llama.cpp sees it (leading space added, spaces escaped) into merge chunks."""
     return _CHUNK_RE.findall(SPACE_MARK + document.replace(" ", SPACE_MARK))
