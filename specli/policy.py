@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -349,10 +349,18 @@ class Gate:
     position 0 (`hold_first`) makes the round a shadow. Without measured costs it lets a short draft
     through (UNMEASURED_DRAFT positions), which measures them."""
 
-    def __init__(self, inputs: GateInputs | None, k: int, hold_first: bool) -> None:
-        self.inputs, self.k, self.hold_first = inputs, k, hold_first
+    def __init__(self, inputs: GateInputs | None, k: int, hold_first: bool,
+                 make_inputs: Callable[[], GateInputs | None] | None = None) -> None:
+        self._inputs, self.k, self.hold_first = inputs, k, hold_first
+        self._make_inputs = make_inputs  # when given, the inputs are made the first time one is asked
         self._survival = 1.0
         self._previous = 1.0  # the last drafted position's confidence
+
+    @property
+    def inputs(self) -> GateInputs | None:
+        if self._make_inputs is not None:
+            self._inputs, self._make_inputs = self._make_inputs(), None
+        return self._inputs
 
     def __call__(self, position: int, confidence: float) -> bool:
         if self.hold_first:
@@ -497,18 +505,23 @@ class AutoK(DraftPolicy):
             # Judged again with what is known now; if still hopeless, this round's look re-measures
             # the draft step (below).
             self.hopeless.discard(source)
-        inputs = self.inputs(source)
-        self._round_inputs = (source, inputs)  # the gate's too, for this round
-        if inputs is None:
+        curve = self.costs.verify_seconds(HORIZON, self.position)
+        c_draft = self.costs.draft_seconds_per_token(source)
+        if curve is None or c_draft is None:
             # No T_v(1) yet (a plain round measures it) or no draft step: shadows measure it before
             # any round pays for drafts that may not be worth their cost.
+            self._round_inputs = (source, None)
             self._plan = "unmeasured"
             return self._plain(look=True)
         self._plan = "offered"
-        if inputs.c_draft < FREE_LOOK * inputs.verify[0]:
-            # Looking costs next to nothing (n-gram lookup): let the gate judge every round.
+        if c_draft < FREE_LOOK * curve[0]:
+            # Looking costs next to nothing (n-gram lookup): let the gate judge every round, pricing
+            # only a round with a proposal (`gate`): most rounds of most text have none.
             self.learned.hopeless.pop(source, None)
             return Decision(limit)
+        inputs = self.inputs(source)
+        assert inputs is not None  # the curve and the draft step are known
+        self._round_inputs = (source, inputs)  # the gate's too, for this round
         cal = self._calibration(source)
         if cal.first.sum() >= 1.0:
             worth = self._worth(source, inputs)
@@ -561,8 +574,9 @@ class AutoK(DraftPolicy):
 
     def gate(self, source: str, decision: Decision) -> Gate:
         kept = self._round_inputs
-        inputs = kept[1] if kept is not None and kept[0] == source else self.inputs(source)
-        return Gate(inputs, decision.k, hold_first=decision.k == 0)
+        if kept is not None and kept[0] == source:
+            return Gate(kept[1], decision.k, hold_first=decision.k == 0)
+        return Gate(None, decision.k, hold_first=decision.k == 0, make_inputs=lambda: self.inputs(source))
 
     def batch_size(self, m: int, m_max: int) -> int:
         return self.costs.cheapest_batch(m, m_max, self.position)
