@@ -891,10 +891,22 @@ def _gemma_demo(gemma: Path, prompt: str, flags: dict, err: Console) -> None:
         if busy is not None:
             err.print(Text.assemble(("note: ", "yellow"), busy), soft_wrap=True)
     err.print(Text.assemble(("model: ", "dim"), str(gemma)), soft_wrap=True)
-    err.print(Text.assemble(("next:  ", "dim"), f'specli run --target {gemma} --draft ngram "your text"'),
+    model = _registry_name(gemma)
+    model = f"-m {model}" if model else f"--target {gemma}"
+    err.print(Text.assemble(("next:  ", "dim"), f'specli run {model} --draft ngram "your text"'),
               soft_wrap=True)
-    err.print(Text.assemble(("       ", "dim"), f"specli serve --target {gemma} --draft ngram"),
-              soft_wrap=True)
+    err.print(Text.assemble(("       ", "dim"), f"specli serve {model} --draft ngram"), soft_wrap=True)
+
+
+def _registry_name(path: Path) -> str | None:
+    """The name the models.toml in use gives `path` (the repository's calls Gemma `gemma3-270m`), or None."""
+    from specli.config import ConfigError, find_config, load_config
+
+    try:
+        found = find_config()
+        return load_config(found, strict=False).name_of(path) if found else None
+    except (ConfigError, OSError, ValueError):
+        return None
 
 
 class CpuShare:

@@ -207,6 +207,11 @@ class Config:
         return ResolvedModel(entry.path, entry.name, entry, self.settings_for(entry.name), entry.draft,
                              self.problems_for(entry.name))
 
+    def name_of(self, path: Path) -> str | None:
+        """The name of the entry whose file `path` is, or None."""
+        entry = self._entry_for_path(Path(os.path.normpath(path.absolute())))
+        return entry.name if entry is not None else None
+
     def _entry_for_path(self, path: Path) -> ModelEntry | None:
         for entry in self.models.values():
             if entry.path == path or (path.exists() and entry.path.exists() and _same_file(entry.path, path)):

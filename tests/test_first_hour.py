@@ -72,3 +72,10 @@ def test_a_proposal_auto_declined_is_never_called_nothing_to_copy() -> None:
     assert policy.tally["declined"] + policy.tally["unmeasured"] == 10
     said = policy.holdback()
     assert said is not None and "nothing to copy" not in said.text
+
+
+def test_a_models_toml_name_is_found_from_its_file() -> None:
+    """The demo's next steps name the model as models.toml does (`-m gemma3-270m`), not by its path."""
+    config = load_config(REPO / "models.toml", strict=False)
+    assert config.name_of(REPO / "demo-models" / "specli-demo-target.gguf") == "demo-target"
+    assert config.name_of(REPO / "nowhere.gguf") is None
