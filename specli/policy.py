@@ -291,13 +291,24 @@ class GateInputs:
     predicts the next one's (`Calibration.next_bins`)."""
 
     verify: np.ndarray
-    c_draft: float
+    c_draft: float  # what one more drafted position costs (a block drafter's: nothing, once its pass ran)
     rate: float
     acceptances: np.ndarray
     next_bins: np.ndarray | None = None
+    c_pass: float | None = None  # a block drafter's pass (None: a draft step, c_draft)
+    n_max: int | None = None  # the positions a pass can propose (a block drafter's block)
 
     def acceptance(self, confidence: float) -> float:
         return float(self.acceptances[Calibration.bin(confidence)])
+
+    @property
+    def pass_cost(self) -> float:
+        """What asking the drafter for a round's first position costs: a draft step, or a block pass."""
+        return self.c_draft if self.c_pass is None else self.c_pass
+
+    def drafting_cost(self, n: np.ndarray) -> np.ndarray:
+        """Seconds drafting n positions costs (0 for n = 0)."""
+        return np.where(n > 0, self.pass_cost + (n - 1) * self.c_draft, 0.0)
 
 
 def position_pays(inputs: GateInputs, i: int, confidence: float, survival: float, k: int) -> float | None:
@@ -432,6 +443,7 @@ class AutoK(DraftPolicy):
     left: int | None = None  # tokens the generation can still emit (this round's `decide`)
     position: int = 0  # tokens in the target's cache (this round's `decide`)
     text_sources: frozenset[str] = frozenset()  # sources whose confidence is the text's (n-gram)
+    block_sources: Mapping[str, int] = field(default_factory=dict)  # block drafters' sources: their block
     _round_inputs: tuple[str, GateInputs | None] | None = field(default=None, repr=False)  # decide's
     # What each round of this generation did: "drafted", or why not: "nothing" (the drafter proposed
     # nothing), "declined" (not worth its cost), "hopeless", "unmeasured" (costs not known yet).
@@ -460,11 +472,16 @@ class AutoK(DraftPolicy):
         return cal
 
     def inputs(self, source: str) -> GateInputs | None:
-        """The round's gate inputs, once T_v(1) and a draft step have been measured."""
+        """The round's gate inputs, once T_v(1) and a draft step (a block drafter's pass) have been
+        measured."""
         curve = self.costs.verify_seconds(HORIZON, self.position)
         c_draft = self.costs.draft_seconds_per_token(source)
         if curve is None or c_draft is None:
             return None
+        block = self.block_sources.get(source, 0)
+        # A block drafter's pass is paid before the gate sees its positions: once it ran, a kept
+        # position costs only its share of the verify.
+        c_pass, c_draft = (c_draft, 0.0) if block else (None, c_draft)
         verify = np.asarray(curve)
         tokens, seconds = self.rate
         # The recent rounds' rate once they are a few tokens' worth: a rate from one or two rounds
@@ -475,21 +492,23 @@ class AutoK(DraftPolicy):
         # acceptance learned): after rounds faster than the verify curve's medians, a reference rate
         # above every option priced a sure 64-token copy of a 150k-vocabulary target at a loss, and
         # the round went plain (47 ms for 1 token where 64 took 450 ms).
-        rate = min(rate, best_rate(float(acceptances.max()), verify, c_draft))
+        rate = min(rate, best_rate(float(acceptances.max()), verify, c_draft, c_pass=c_pass,
+                                   n_max=block or None))
         if self.left is not None and self.left <= len(verify):
             # Near the output's end the time to come is that of the tokens left, at best all in one
             # batch: priced at the recent rate (after long copies, several times plain decoding), a
             # draft of the last tokens looked dear and they were decoded one by one (the last ~45 of a
             # 152k-vocabulary target's copy: 10 plain rounds, a fifth of the generation).
             rate = min(rate, max(1.0 / verify[0], END_SHARE * self.left / verify[self.left - 1]))
-        return GateInputs(verify, c_draft, rate, acceptances, self._calibration(source).next_bins())
+        return GateInputs(verify, c_draft, rate, acceptances, self._calibration(source).next_bins(), c_pass,
+                          block or None)
 
     def _worth(self, source: str, inputs: GateInputs) -> np.ndarray:
         """Per confidence bin, the tokens (beyond their cost at the reference rate) a round gains whose
         first position has that confidence, the best length chosen; 0 if none gains."""
         f = inputs.acceptances
-        return np.maximum(0.0, best_net_gain(f, f, inputs.verify, 0, len(inputs.verify) - 1, inputs.c_draft,
-                                             inputs.rate))
+        n_max = inputs.n_max or len(inputs.verify) - 1
+        return np.maximum(0.0, best_net_gain(f, f, inputs.verify, 0, n_max, inputs.c_draft, inputs.rate))
 
     def decide(self, source: str, limit: int, left: int | None = None, position: int = 0) -> Decision:
         """Draft up to `limit` positions if looking at the first one (a draft step) is worth its cost,
@@ -525,7 +544,7 @@ class AutoK(DraftPolicy):
         cal = self._calibration(source)
         if cal.first.sum() >= 1.0:
             worth = self._worth(source, inputs)
-            price = inputs.rate * inputs.c_draft  # a draft step, in tokens at the reference rate
+            price = inputs.rate * inputs.pass_cost  # a draft step (a pass), in tokens at the reference rate
             # Confidence comes in runs (a copy goes on), so the last first position seen predicts the
             # next: a sure shadow brings drafting back at once, whatever the rounds before say.
             expected = max(float(cal.first @ worth) / cal.first.sum(), worth[cal.bin(cal.last_first)])
@@ -568,7 +587,7 @@ class AutoK(DraftPolicy):
         # up on the plain tokens since the last one, its step, its draw): priced by the draft step
         # alone, a weak 150k-vocabulary draft at T 1 looked every 3-4 rounds at ~20 % of a target
         # token each (the catch-up reads the draft's weights back after the target's evicted them).
-        cost = max(inputs.c_draft, self.costs.look_seconds(source) or 0.0)
+        cost = max(inputs.pass_cost, self.costs.look_seconds(source) or 0.0)
         gap = min(MAX_SHADOW_GAP, max(1, math.ceil(cost / inputs.verify[0] / SHADOW_SHARE)))
         return self.plain_rounds % gap == 0
 
@@ -642,7 +661,7 @@ class AutoK(DraftPolicy):
         """A holdback priced with the round's figures: the verify of the best length at the acceptance
         auto expects (each first-position confidence as often as it came; a sure draft when hopeless)
         and the speed drafting would give against plain decoding."""
-        verify, c_draft = inputs.verify, inputs.c_draft
+        verify = inputs.verify
         t1 = float(verify[0])
         cal = self._calibration(source)
         acceptances = np.minimum(cal.acceptances(), 0.999)
@@ -651,17 +670,19 @@ class AutoK(DraftPolicy):
             weights[-1] = 1.0  # the surest band
         else:
             weights = cal.first / cal.first.sum()
-        n = np.arange(1, len(verify))
+        n = np.arange(1, min(len(verify), (inputs.n_max or len(verify)) + 1))
         per_bin = acceptances[:, None]
-        speeds = (1.0 + run_gain(per_bin, per_bin, n)) * t1 / (verify[n] + n * c_draft)
+        cost = verify[n] + inputs.drafting_cost(n)
+        speeds = (1.0 + run_gain(per_bin, per_bin, n)) * t1 / cost
         speed = float(weights @ speeds.max(axis=1))
         acceptance = float(weights @ acceptances)
-        best = int(n[np.argmax((1.0 + run_gain(acceptance, acceptance, n)) / (verify[n] + n * c_draft))])
+        best = int(n[np.argmax((1.0 + run_gain(acceptance, acceptance, n)) / cost)])
         # Rounded once: the line and the figures beside it (--json) say the same.
-        ratio, step = round(float(verify[best]) / t1, 3), round(c_draft / t1, 4)
+        ratio, step = round(float(verify[best]) / t1, 3), round(inputs.pass_cost / t1, 4)
         acceptance, speed = round(acceptance, 4), round(speed, 3)
         verify_text = f"verify of {best + 1} costs {ratio:.1f}× one token here"
-        step_text = f", a draft step {step:.2f}×" if step >= FREE_LOOK else ""
+        step_text = (f", a {'block' if inputs.c_pass is not None else 'draft step'} {step:.2f}×"
+                     if step >= FREE_LOOK else "")
         if cause == "hopeless":
             text = f"{verify_text}{step_text}: even a sure draft would run at {speed:.2f}×"
         elif speed > 1.0:

@@ -102,6 +102,7 @@ class DraftingProposer(Proposer):
         self._same_as_plain = False
         self._source: str | None = None
         self._verify_share = CpuShare()  # from `batch_size`, just before the verify, to `observe`
+        self._block = {s.name: s.block for s in drafter.sources}
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._same_as_plain = sampler.same_as_plain
@@ -143,7 +144,10 @@ class DraftingProposer(Proposer):
             draft_seconds=result.draft_seconds - draft.catch_up_seconds,
             catch_up_seconds=draft.catch_up_seconds,
             verify_seconds=result.verify_seconds,
-            positions=k + (held is not None) - draft.first_in_catch_up,
+            # A block drafter's pass is one step, however many of its positions were kept (a look's
+            # shorter block is priced as a look).
+            positions=(int(k > 0) if self._block.get(self._source or "") else
+                       k + (held is not None) - draft.first_in_catch_up),
             confidence=draft.confidence,
             first_confidence=first,
             held=scored,
@@ -169,5 +173,6 @@ def make_proposer(
         return Proposer()
     if draft_max == "auto":
         of_text = frozenset(s.name for s in drafter.sources if s.confidence_of_text)
-        return DraftingProposer(drafter, AutoK(costs, learned, text_sources=of_text))
+        blocks = {s.name: s.block for s in drafter.sources if s.block}
+        return DraftingProposer(drafter, AutoK(costs, learned, text_sources=of_text, block_sources=blocks))
     return DraftingProposer(drafter, FixedK(int(draft_max)))

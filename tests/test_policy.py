@@ -667,3 +667,39 @@ def test_a_text_sources_first_rounds_weigh_more_against_its_prior_than_a_models(
     assert ngram.acceptance(0.55) == pytest.approx((0.55 * 0.5 * prior + 0.98 + 1) / (0.5 * prior + 0.98 + 1))
     assert draft.acceptance(0.55) == pytest.approx((0.55 * prior + 0.98 + 1) / (prior + 0.98 + 1))
     assert ngram.acceptance(0.55) > draft.acceptance(0.55) + 0.05
+
+
+def _block(c_pass: float, block: int = 7) -> AutoK:
+    """auto over the CPU staircase for a block drafter (one pass proposes `block` positions, costs
+    c_pass) whose positions are accepted when it is confident."""
+    costs = _costs(CPU_STAIRCASE)
+    for _ in range(1 + SETTLED_SAMPLES):
+        costs.observe_draft("dflash", 1, c_pass)
+    policy = AutoK(costs, block_sources={"dflash": block})
+    cal = policy.learned.calibration.setdefault("dflash", Calibration())
+    for _ in range(30):
+        cal.observe(0.99, 1.0)
+        cal.observe(0.3, 0.0)
+    return policy
+
+
+def test_a_block_drafters_pass_is_priced_once_and_its_positions_by_their_verify() -> None:
+    """A DFlash/DSpark pass proposes a block at once: auto prices the pass when it decides to draft and
+    then keeps the prefix whose acceptance beats its share of the verify, charging no draft step per
+    position (a per-position drafter at the same cost a position would draft far less)."""
+    block = _block(c_pass=0.025)
+    block.learned.calibration["dflash"].observe_first(0.99)
+    assert _k(block, "dflash") == 8
+    gate = block.gate("dflash", Decision(8))
+    assert gate.best_prefix([0.99] * 7) == 7
+    assert gate.best_prefix([0.99] * 3 + [0.3] * 4) == 3
+    per_position = _gated(c_draft=0.025)
+    assert per_position.gate("draft", Decision(8)).best_prefix([0.99] * 7) < 7
+    # The pass itself is what decide prices: one dearer than what a sure block gains is not drafted.
+    dear = _block(c_pass=0.2)
+    dear.learned.calibration["dflash"].observe_first(0.99)
+    assert _k(dear, "dflash") == 0
+    # A round's draft cost is one pass, however many positions were kept (the proposer's report).
+    inputs = block.inputs("dflash")
+    assert inputs is not None and inputs.c_draft == 0.0 and inputs.pass_cost == pytest.approx(0.025)
+    assert inputs.n_max == 7

@@ -375,3 +375,18 @@ def test_export_names_each_engine_s_equivalent_or_says_there_is_none(trained_dra
         out = export(engine, kind)
         assert "--speculative-config" not in out["argv"] and "--speculative-algorithm" not in out["argv"]
         assert any(f"({kind}): the command serves without speculative decoding" in n for n in out["notes"])
+
+
+def test_each_head_keeps_its_own_cost_file(trained_drafters) -> None:
+    """What auto learned of one head (its step's cost, its calibration) is not another's: the cost
+    file is keyed by the head's file too."""
+    from specli import costcache
+
+    paths = set()
+    for random in (False, True):
+        with load(trained_drafters.target, head_file(trained_drafters, "eagle3", random), n_ctx=N_CTX,
+                  n_threads=1) as spec:
+            about = costcache.identity(spec.target, spec.drafter)
+            assert about["drafter"]["heads"][0][0].endswith("eagle3-random.gguf" if random else "eagle3.gguf")
+            paths.add(costcache.cache_path(about))
+    assert len(paths) == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -162,6 +163,9 @@ class Source:
     # Its confidence is a statistic of the text itself (n-gram counts), so what it is worth changes
     # from one prompt to the next; a draft model's describes the pair of models.
     confidence_of_text: bool = False
+    # A block drafter (DFlash, DSpark): one pass proposes up to this many positions at once, and costs
+    # about the same however many of them are kept; 0: one pass (a draft step) per position.
+    block: int = 0
 
 
 class Drafter(ABC):
@@ -176,6 +180,11 @@ class Drafter(ABC):
     @property
     def models(self) -> list[Model]:
         """The llama.cpp models this drafter holds (none for n-gram lookup)."""
+        return []
+
+    @property
+    def head_files(self) -> list[Path]:
+        """The files of trained heads this drafter runs beside the target (not Models of their own)."""
         return []
 
     def begin(self, context: list[int], sampler: Sampler) -> None:

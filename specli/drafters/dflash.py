@@ -41,11 +41,11 @@ class BlockDrafter(HeadDrafter):
         facts = head.facts
         super().__init__(target, BlockContext(head, target), p_min=p_min)
         self.name = name
-        self.sources = (Source(name),)
         # Anchor-first (DSpark): the anchor's row is the first draft, a block of b drafts b rows.
         # DFlash: the anchor's row predicts nothing new, b drafts take b + 1 rows.
         self.anchor_first = facts.markov and facts.sample_from_anchor
         self.max_k = facts.block_size if self.anchor_first else facts.block_size - 1
+        self.sources = (Source(name, block=self.max_k),)
         # (_seen: the tokens of the positions whose features the cache holds.)
 
     def begin(self, context: list[int], sampler: Sampler) -> None:

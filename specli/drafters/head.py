@@ -4,6 +4,8 @@ up to the first token that differs)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specli.drafters.base import CatchingUpDrafter
 from specli.heads import HeadContext, TargetFeatures
 from specli.llama import Model
@@ -38,6 +40,10 @@ class HeadDrafter(CatchingUpDrafter):
         keep = common_prefix(self._seen, context)
         del self._seen[keep:]
         return keep
+
+    @property
+    def head_files(self) -> list[Path]:
+        return [self.head.head.path]
 
     def reset(self) -> None:
         self.head.reset()
