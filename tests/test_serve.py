@@ -77,6 +77,8 @@ def test_chat_completions_streamed_and_whole(pair_server) -> None:
     assert whole.model == "fixture-target-chat" and whole.object == "chat.completion"
     timings = whole.model_extra["timings"]
     assert timings["predicted_n"] == 24 and timings["draft_n"] > 0 and timings["draft_n_accepted"] > 0
+    speculation = whole.model_extra["speculation"]  # a fixed k never holds back: no reason to give
+    assert speculation["auto_reason"] is None and speculation["auto_holdback"] is None
     assert timings["prompt_n"] + timings["cache_n"] == whole.usage.prompt_tokens
 
     chunks = list(client.chat.completions.create(**request, stream=True,
@@ -88,6 +90,7 @@ def test_chat_completions_streamed_and_whole(pair_server) -> None:
     last = chunks[-1]  # the usage chunk: no choices, the usage, the timings
     assert last.choices == [] and last.usage.completion_tokens == 24
     assert last.model_extra["timings"]["draft_n_accepted"] > 0 and "timings" not in finished[0].model_extra
+    assert last.model_extra["speculation"]["auto_reason"] is None
     origins = {c.model_extra["origin"] for c in chunks if c.choices and c.choices[0].delta.content}
     assert "accepted" in origins and origins <= {"accepted", "corrected", "bonus", "plain"}
 
@@ -188,6 +191,34 @@ def test_an_ipv6_address_in_brackets_is_listened_on(fixture_models, tmp_path) ->
         assert server.stop() == 0
 
 
+def test_auto_says_why_it_held_back_in_whole_and_streamed_replies(fixture_models, plain_server,
+                                                                 tmp_path) -> None:
+    """`-k auto` with n-gram lookup on a text it has nothing to copy from (the fixture target's first 12
+    tokens at T 0 repeat nothing): nothing is drafted, and the reply's figures say why, whole and on the
+    stream's last chunk; `draft_n` is there, 0 of 0. Without a drafter neither is."""
+    request = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "seed": 1, "speculative.n_max": "auto"}
+    with ServerProcess("--target", str(fixture_models.target), "--draft", "ngram", "-t", "1",
+                       cwd=tmp_path) as server:
+        server.ready()
+        with server.client() as http:
+            whole = http.post("/v1/completions", json=request)
+            assert whole.status_code == 200, whole.text
+            streamed = data_lines(http.post("/v1/completions", json={**request, "stream": True}).iter_lines())
+        assert server.stop() == 0
+    for figures in (whole.json(), streamed[-1]):
+        timings, speculation = figures["timings"], figures["speculation"]
+        assert timings["predicted_n"] == 12 and [timings["draft_n"], timings["draft_n_accepted"]] == [0, 0]
+        reason, holdback = speculation["auto_reason"], speculation["auto_holdback"]
+        assert isinstance(reason, str) and reason.strip() and "\n" not in reason, speculation
+        assert holdback["text"] == reason and speculation["drafter"] == "ngram"
+        assert holdback["cause"] in ("nothing", "declined", "hopeless", "unmeasured")
+        assert 2 * holdback["plain_rounds"] > holdback["rounds"] > 0
+    assert all("timings" not in chunk for chunk in streamed[:-1])
+    with plain_server.client() as http:
+        plain = http.post("/v1/completions", json=request).json()
+    assert "draft_n" not in plain["timings"] and plain["speculation"]["auto_reason"] is None
+
+
 def test_speculative_p_min_is_per_request(pair_server) -> None:
     client = client_for(pair_server)
 
@@ -216,7 +247,8 @@ def test_llama_servers_spellings_of_the_speculation_fields(pair_server) -> None:
         drafting = ("draft_n", "draft_n_accepted")
         assert [nested[k] for k in drafting] == [dotted[k] for k in drafting]
         assert dotted["draft_n"] > 0
-        assert "draft_n" not in timings(**{"speculative.n_max": 0})
+        undrafted = timings(**{"speculative.n_max": 0})  # a drafter is loaded: its figures are there
+        assert [undrafted[k] for k in drafting] == [0, 0]
         assert timings(**{"speculative.n_max": "auto"})["predicted_n"] == 16
         assert timings(max_tokens=16, max_completion_tokens=9)["predicted_n"] == 9
         assert timings(max_completion_tokens=9, n_predict=5)["predicted_n"] == 5

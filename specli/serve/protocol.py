@@ -416,10 +416,10 @@ def finish_reason(stop_reason: str) -> str:
     return "length" if stop_reason in ("length", "context") else "stop"
 
 
-def timings(stats: GenerationStats) -> dict[str, Any]:
+def timings(stats: GenerationStats, drafter_loaded: bool) -> dict[str, Any]:
     """llama-server's `timings` (its names, so the tools that read them read ours): prompt tokens evaluated
-    (`prompt_n`) and taken from the cache (`cache_n`), generation, and when it drafted, `draft_n` and
-    `draft_n_accepted`."""
+    (`prompt_n`) and taken from the cache (`cache_n`), generation, and with a drafter loaded `draft_n` and
+    `draft_n_accepted`, 0 and 0 when nothing was drafted (llama-server has them only when it drafted)."""
     prompt_ms = 1000 * stats.prompt_seconds
     predicted_ms = 1000 * stats.generation_seconds
     prompt_n, predicted_n = stats.n_prompt_evaluated, stats.n_generated
@@ -434,7 +434,7 @@ def timings(stats: GenerationStats) -> dict[str, Any]:
         "predicted_per_token_ms": round(predicted_ms / predicted_n, 3) if predicted_n else 0.0,
         "predicted_per_second": round(1000 * predicted_n / predicted_ms, 3) if predicted_ms > 0 else 0.0,
     }
-    if stats.drafted:
+    if drafter_loaded:
         out["draft_n"] = stats.drafted
         out["draft_n_accepted"] = stats.accepted
     return out
@@ -450,10 +450,13 @@ def usage(stats: GenerationStats) -> dict[str, Any]:
 
 
 def speculation(stats: GenerationStats, drafter: str | None) -> dict[str, Any]:
-    """specli's own figures (an extension field OpenAI clients ignore): what the page's stats line shows."""
+    """specli's own figures (an extension field OpenAI clients ignore): what the page's stats line shows,
+    with `-k auto`'s reason for decoding most of the reply plainly (`auto_reason`, its one line, and
+    `auto_holdback`, the figures it decided with; both null when it did not hold back)."""
     d = stats.as_dict()
     keys = ("stop_reason", "seed", "sampling_mode", "tokens_per_second", "acceptance_rate",
-            "drafted", "accepted", "tokens_per_round", "predicted_speedup", "origins", "accepted_by_drafter")
+            "drafted", "accepted", "tokens_per_round", "predicted_speedup", "origins", "accepted_by_drafter",
+            "auto_reason", "auto_holdback")
     return {"drafter": drafter, **{k: d[k] for k in keys}}
 
 
@@ -490,7 +493,8 @@ class Reply:
 
     def figures(self, stats: GenerationStats) -> dict[str, Any]:
         """llama-server's timings and specli's own figures."""
-        return {"timings": timings(stats), "speculation": speculation(stats, self.drafter)}
+        return {"timings": timings(stats, self.drafter is not None),
+                "speculation": speculation(stats, self.drafter)}
 
     def response(self, text: str, stats: GenerationStats) -> dict[str, Any]:
         """The non-streamed body: the text, usage, timings, and specli's figures."""
