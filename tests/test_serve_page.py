@@ -5,6 +5,7 @@ Every wait is on something the page shows, bounded."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -102,6 +103,16 @@ def test_a_reply_streams_in_colour_with_stats_and_stop_stops_it(fixture_models, 
         line = server.wait_for(r"· (\d+) tokens · .*stop: interrupted \(cancelled\)", start=start)
         assert int(line.group(1)) < 8000  # stopped on the server, not only in the page
         _wait(browser, lambda d: d.find_element(By.ID, "send").is_enabled(), "the send button back")
+
+        # k = 0 with a drafter loaded: nothing drafted, and no reason from auto (it was not asked).
+        browser.find_element(By.ID, "draft-max").clear()
+        browser.find_element(By.ID, "draft-max").send_keys("0")
+        browser.find_element(By.ID, "max-tokens").send_keys("5")
+        _send(browser, "The cat")
+        third = _wait(browser, lambda d: len(_replies(d)) == 3 and _replies(d)[2].find_element(
+            By.CLASS_NAME, "stats").text and _replies(d)[2], "the third reply's stats line")
+        stats = third.find_element(By.CLASS_NAME, "stats").text
+        assert "5 tokens" in stats and "acceptance n/a (0/0 drafted)" in stats and "auto:" not in stats
         assert server.stop() == 0
 
 
@@ -154,13 +165,30 @@ def test_a_base_model_is_named_one_and_continues_text(fixture_models, tmp_path, 
         browser.find_element(By.ID, "send").click()
         reply = _wait(browser, lambda d: next((r for r in _replies(d) if r.find_element(
             By.CLASS_NAME, "stats").text), None), "the continuation's stats line")
-        assert "40 tokens" in reply.find_element(By.CLASS_NAME, "stats").text
+        stats = reply.find_element(By.CLASS_NAME, "stats").text
+        assert "40 tokens" in stats and "nothing drafted" not in stats
+        # -k auto either drafted (its acceptance) or says why it did not.
+        assert re.search(r"acceptance \d+% \(\d+/[1-9]\d* drafted\)", stats) or " · auto: " in stats, stats
         assert reply.find_elements(By.CSS_SELECTOR, ".reply span.tok")
         server.wait_for(r"^specli: cmpl-\w+: ", start=start)  # a text completion, not a chat turn
+
+        # A text n-gram lookup has nothing to copy from (the first 12 tokens repeat nothing): auto decodes
+        # it plainly and the stats line says why, in the correction's yellow.
+        browser.find_element(By.ID, "max-tokens").send_keys("12")
+        _send(browser, "Once upon a time")
+        plain = _wait(browser, lambda d: len(_replies(d)) == 2 and _replies(d)[1].find_element(
+            By.CLASS_NAME, "stats").text and _replies(d)[1], "the plain reply's stats line")
+        stats = plain.find_element(By.CLASS_NAME, "stats").text
+        assert "12 tokens" in stats and "acceptance" not in stats and "nothing drafted" not in stats
+        reason = plain.find_element(By.CSS_SELECTOR, ".stats .auto")
+        assert reason.text.startswith("auto: ") and len(reason.text) > len("auto: ") and reason.text in stats
+        assert reason.value_of_css_property("color") == "rgba(229, 192, 75, 1)"  # the terminal's yellow
+        assert {t.get_attribute("class") for t in plain.find_elements(By.CSS_SELECTOR, "span.tok")} == {
+            "tok plain"}
         mode.select_by_value("chat")
         start = len(server.lines)
         _send(browser, "Once upon a time")
-        _wait(browser, lambda d: len(_replies(d)) == 2 and _replies(d)[1].find_element(
+        _wait(browser, lambda d: len(_replies(d)) == 3 and _replies(d)[2].find_element(
             By.CLASS_NAME, "stats").text, "the chat reply's stats line")
         server.wait_for(r"^specli: chatcmpl-\w+: ", start=start)
         assert server.stop() == 0

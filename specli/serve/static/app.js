@@ -162,17 +162,26 @@ function flushTokens() {
   pending.fragment = document.createDocumentFragment();
 }
 
+// The reply's figures, in parts joined by " · "; -k auto's reason for decoding plainly is a span in the
+// correction's colour, so a reply without colours says why it has none.
 function statsLine(timings, figures) {
   const parts = [];
   const n = timings.predicted_n;
   parts.push(n + (n === 1 ? " token" : " tokens"));
   parts.push(timings.predicted_per_second.toFixed(1) + " tok/s");
+  const autoReason = figures ? figures.auto_reason : null;
   if (timings.draft_n) {
     const rate = 100 * timings.draft_n_accepted / timings.draft_n;
     parts.push("acceptance " + rate.toFixed(0) + "% (" + timings.draft_n_accepted + "/" + timings.draft_n
                + " drafted)");
-  } else if (figures && figures.drafter) {
-    parts.push("nothing drafted");
+  } else if (figures && figures.drafter && !autoReason) {
+    parts.push("acceptance n/a (0/0 drafted)");
+  }
+  if (autoReason) {
+    const auto = document.createElement("span");
+    auto.className = "auto";
+    auto.textContent = "auto: " + autoReason;
+    parts.push(auto);
   }
   if (figures && figures.predicted_speedup != null) {
     parts.push("speedup predicted " + figures.predicted_speedup.toFixed(2) + "×");
@@ -182,7 +191,15 @@ function statsLine(timings, figures) {
   if (reason === "interrupted") parts.push("stopped");
   else if (reason === "length") parts.push("hit max tokens");
   else if (reason === "context") parts.push("context full");
-  return parts.join(" · ");
+  return parts;
+}
+
+function showStats(element, timings, figures) {
+  element.textContent = "";
+  statsLine(timings, figures).forEach((part, i) => {
+    if (i) element.append(" · ");
+    element.append(part);  // a text, or the reason's span: never HTML
+  });
 }
 
 function continuing() {
@@ -245,7 +262,7 @@ async function send(text) {
       }
       if (chunk.timings) {
         flushTokens();
-        stats.textContent = statsLine(chunk.timings, chunk.speculation);
+        showStats(stats, chunk.timings, chunk.speculation);
         finished = true;
       }
     }
