@@ -97,8 +97,8 @@ def setting_option(name: str, *decls: str, command: str = "run", help: str | Non
     default = getattr(defaults_for(command), name)
     if setting.kind != "stops":
         text += f" [default: {_shown(default)}]"
-    return typer.Option(None, *(decls or (setting.flag,)), metavar=_METAVARS[setting.kind], help=text,
-                        show_default=False)
+    metavar = _METAVARS.get(setting.kind) or "|".join(setting.choices)
+    return typer.Option(None, *(decls or (setting.flag,)), metavar=metavar, help=text, show_default=False)
 
 
 def given_settings(context: typer.Context) -> dict:
@@ -127,6 +127,7 @@ MinPOpt = setting_option("min_p")
 SeedOpt = setting_option("seed", "-s", "--seed")
 SameAsPlainOpt = setting_option("same_as_plain", "--same-as-plain/--no-same-as-plain")
 BatchInvariantOpt = setting_option("batch_invariant", "--batch-invariant/--no-batch-invariant")
+SamplingOnOpt = setting_option("sampling_on")
 ThreadsOpt = setting_option("threads", "-t", "--threads")
 GpuLayersOpt = setting_option("gpu_layers", "-ngl", "--gpu-layers")
 VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's own log.")
@@ -189,6 +190,7 @@ def run(
     seed: str | None = SeedOpt,
     same_as_plain: bool | None = SameAsPlainOpt,
     batch_invariant: bool | None = BatchInvariantOpt,
+    sampling_on: str | None = SamplingOnOpt,
     ctx: str | None = setting_option("ctx", "-c", "--ctx"),
     threads: str | None = ThreadsOpt,
     gpu_layers: str | None = GpuLayersOpt,
@@ -220,6 +222,12 @@ def run(
             except PromptTooLong as e:
                 raise UsageProblem(f"{e}: raise --ctx or shorten the prompt") from None
             mode = "json" if json_out else ("terminal" if out.is_terminal else "pipe")
+            if verbose:
+                from specli.engine import sampling_path
+
+                filters, why = sampling_path(spec.target, params.sampling, params.sampling_on)
+                where = "host" if filters is None else "backend"
+                err.print(Text.assemble(("note: ", "yellow"), f"sampling: {where} ({why})"), soft_wrap=True)
             generation = _stream(
                 spec, prompt_tokens, params, mode, out, show_rejected=show_rejected, prompt_text=text
             )
@@ -317,6 +325,7 @@ def bench(
                                       help="Seed of the first pair (pairs share a seed; -1: random)."),
     same_as_plain: bool | None = SameAsPlainOpt,
     batch_invariant: bool | None = BatchInvariantOpt,
+    sampling_on: str | None = SamplingOnOpt,
     ctx: str | None = setting_option("ctx", "-c", "--ctx", command="bench"),
     threads: str | None = ThreadsOpt,
     gpu_layers: str | None = GpuLayersOpt,
@@ -461,6 +470,7 @@ def chat(
     ),
     same_as_plain: bool | None = SameAsPlainOpt,
     batch_invariant: bool | None = BatchInvariantOpt,
+    sampling_on: str | None = SamplingOnOpt,
     ctx: str | None = setting_option("ctx", "-c", "--ctx", command="chat"),
     threads: str | None = ThreadsOpt,
     gpu_layers: str | None = GpuLayersOpt,
@@ -555,6 +565,7 @@ def serve(
     ),
     same_as_plain: bool | None = SameAsPlainOpt,
     batch_invariant: bool | None = BatchInvariantOpt,
+    sampling_on: str | None = SamplingOnOpt,
     ctx: str | None = setting_option("ctx", "-c", "--ctx", command="serve"),
     threads: str | None = ThreadsOpt,
     gpu_layers: str | None = GpuLayersOpt,

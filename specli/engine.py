@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from specli.costs import CostModel
 from specli.drafters.base import Draft, Drafter
 from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
-from specli.llama import Model, check_prompt_fits
+from specli.llama import FILTERED_ROWS, GraphFilters, Model, check_prompt_fits
 from specli.policy import Learned, regime
 from specli.proposer import Proposer, RoundResult, make_proposer
-from specli.sampling import Noise, Sampler, SamplingParams, random_seed
+from specli.sampling import SAMPLING_ON, Noise, Sampler, SamplingParams, random_seed
 from specli.stats import GenerationStats
 from specli.textstream import TextStream
 from specli.verify import Verdict, verify
@@ -39,6 +39,28 @@ class GenerationParams:
     # Stop a round's draft where the draft's top probability falls below this (--draft-p-min); None:
     # what the drafter was built with (api.load's draft_p_min).
     draft_p_min: float | None = None
+    # Where the filters run (--sampling-on): "backend" (in llama.cpp's graph, only the survivors cross to
+    # Python), "host" (numpy over the whole row), or "auto" (see sampling_path).
+    sampling_on: str = "auto"
+
+
+def sampling_path(target: Model, sampling: SamplingParams, choice: str) -> tuple[GraphFilters | None, str]:
+    """Where a generation filters its rows: in llama.cpp's graph (the filters) or on the host (None),
+    and why, in a few words. auto: the graph when the target runs on a GPU (the row then need not
+    cross whole, nor be sorted by the CPU), the host on a CPU, where llama.cpp's top-k over the row
+    measured slower than numpy's (docs/performance.md). A generation never mixes the two."""
+    if choice not in SAMPLING_ON:
+        raise ValueError(f"sampling_on must be one of {', '.join(SAMPLING_ON)}, got {choice!r}")
+    if choice == "host":
+        return None, "asked for (--sampling-on host)"
+    filters, problem = GraphFilters.of(sampling, target.n_vocab)
+    if filters is None:
+        return None, problem
+    if choice == "backend":
+        return filters, "asked for (--sampling-on backend)"
+    if target.offloaded:
+        return filters, "auto: the target runs on a GPU"
+    return None, "auto: the target runs on the CPU, where the host's filters are faster"
 
 
 class Generation:
@@ -137,7 +159,11 @@ class SpeculativeEngine:
         if params.ignore_eos:
             sampling = replace(sampling, banned=(*sampling.banned, *target.eog_tokens()))
         seed = params.seed if params.seed is not None else random_seed()
-        sampler = Sampler(sampling, Noise(seed), params.same_as_plain)
+        filters, why = sampling_path(target, sampling, params.sampling_on)
+        target.set_filters(filters)
+        sampler = Sampler(sampling, Noise(seed), params.same_as_plain, in_graph=filters is not None)
+        # The most rows one verify may have: llama.cpp's graph filters at most FILTERED_ROWS a decode.
+        most_rows = FILTERED_ROWS if filters is not None else target.n_ctx
 
         # Prompt: evaluate everything but the last token, which the first round's verify decodes.
         t0 = time.perf_counter()
@@ -145,7 +171,8 @@ class SpeculativeEngine:
         if len(context) - 1 > cached:
             target.decode(context[cached:-1], outputs="none")
         proposer.begin(context, sampler)
-        yield PromptEvent(len(context), len(context) - cached, time.perf_counter() - t0, seed, sampler.mode)
+        yield PromptEvent(len(context), len(context) - cached, time.perf_counter() - t0, seed, sampler.mode,
+                          "backend" if filters is not None else "host", why)
 
         gen_start = time.perf_counter()
         stop_reason, n_emitted, index = "length", 0, 0
@@ -158,14 +185,18 @@ class SpeculativeEngine:
             t_start = time.perf_counter()
             # A round emits up to k + 1 tokens: no drafts past max_tokens or the context, and no more
             # than a recurrent/hybrid target can roll back (all k when every draft is rejected).
-            limit = min(params.max_tokens - n_emitted - 1, room, target.max_rollback)
+            limit = min(params.max_tokens - n_emitted - 1, room, target.max_rollback, most_rows - 1)
             draft = proposer.propose(context, limit, left=min(params.max_tokens - n_emitted, room + 1))
             t_drafted = time.perf_counter()
             batch = [context[-1], *draft.tokens]
             # Where a larger batch costs less on this machine (a CPU kernel's threshold), pad to it:
             # causal attention keeps the rows of the batch's own tokens as they were.
-            padding = proposer.batch_size(len(batch), min(room, target.max_rollback) + 1) - len(batch)
-            rows = target.decode(batch + [batch[-1]] * padding, outputs="all")[: len(batch)]
+            m_max = min(room, target.max_rollback, most_rows - 1) + 1
+            padding = proposer.batch_size(len(batch), m_max) - len(batch)
+            if filters is not None:
+                rows = target.decode_filtered(batch + [batch[-1]] * padding)
+            else:
+                rows = target.decode(batch + [batch[-1]] * padding, outputs="all")[: len(batch)]
             t_verified = time.perf_counter()
             verdict = verify(rows, draft, sampler, len(context))
             target.truncate(len(context) + verdict.n_accepted)  # the cache holds the new context[:-1]

@@ -71,6 +71,8 @@ class PromptEvent:
     seconds: float
     seed: int | None = None  # the seed of the keyed noise (chosen at random when none was given)
     sampling_mode: str = ""  # "greedy" | "same-as-plain" | "rejection"
+    sampling_path: str = ""  # where the filters ran: "backend" (llama.cpp's graph) | "host"
+    sampling_reason: str = ""  # why there (one line, for --verbose)
 
 
 @dataclass(slots=True)

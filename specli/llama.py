@@ -15,13 +15,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import llama_cpp as llc
 import numpy as np
 from llama_cpp import llama_cpp_ext as llc_ext
 
 from specli.fileio import regular_file_problem
+
+if TYPE_CHECKING:
+    from specli.sampling import SamplingParams
 
 
 class LlamaError(RuntimeError):
@@ -221,6 +224,93 @@ def builtin_chat_template(name: str, messages: Sequence[tuple[str, str]], add_ge
     raise LlamaError(f"llama.cpp's chat format {name!r} did not fit {size} bytes")
 
 
+# -- filters in llama.cpp's graph ----------------------------------------------------------------------
+
+# Filtered rows a decode may ask for in its sequence: llama.cpp refuses (llama_decode returns -1) a decode
+# with more backend-sampled rows per sequence than its context was made for, and sizes its graph for that
+# many (the longest round: settings.MAX_DRAFT_K drafts and the pending token).
+FILTERED_ROWS = 65
+# ggml_top_k asserts k <= the row's width: llama.cpp aborts the process (not an error code) beyond it.
+_NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class GraphFilters:
+    """The filters llama.cpp applies to a row inside its graph (backend sampling), so that only the
+    survivors reach Python: banned ids at -inf (logit bias), top-k, then top-p and min-p over what top-k
+    kept (llama.cpp's order; temperature is left to the host). Top-k comes first or nothing shrinks:
+    llama.cpp's top-p and min-p mark the dropped ids -inf without narrowing the row. No draw: the keyed
+    draw runs on the survivors. top_k 1 is greedy (llama.cpp's own greedy sampler answers with the last
+    of tied maxima and, after a filter, a position instead of an id)."""
+
+    top_k: int
+    top_p: float = 1.0
+    min_p: float = 0.0
+    banned: tuple[int, ...] = ()
+
+    @staticmethod
+    def of(sampling: SamplingParams, n_vocab: int, *, greedy_top_k: int = 1
+           ) -> tuple[GraphFilters | None, str]:
+        """The filters llama.cpp's graph applies for `sampling` over a vocabulary of n_vocab, or None and
+        why it cannot. greedy_top_k: how many of a greedy row's best ids cross (1: the argmax; a
+        drafter's gate needs a few more for its confidence)."""
+        if sampling.greedy:
+            return GraphFilters(greedy_top_k, banned=sampling.banned), "greedy"
+        if not 0 < sampling.top_k < n_vocab:
+            return None, ("no top-k: llama.cpp's graph would cross and sort the whole row (its top-p and "
+                          "min-p do not narrow it)")
+        if sampling.min_p >= 1.0:
+            return None, "min-p 1: llama.cpp's graph keeps only ids strictly above the threshold, none"
+        return GraphFilters(sampling.top_k, sampling.top_p, sampling.min_p, sampling.banned), "top-k first"
+
+    def chain(self, n_vocab: int) -> llc.llama_sampler_p:
+        """A new llama.cpp sampler chain of these filters (llama.cpp can attach a chain once only)."""
+        chain = llc.llama_sampler_chain_init(llc.llama_sampler_chain_default_params())
+        banned = sorted({t for t in self.banned if 0 <= t < n_vocab})
+        if banned:
+            biases = (llc.llama_logit_bias * len(banned))()
+            for entry, token in zip(biases, banned, strict=True):
+                entry.token, entry.bias = token, _NEG_INF
+            bias = llc.llama_sampler_init_logit_bias(n_vocab, len(banned), biases)
+            llc.llama_sampler_chain_add(chain, bias)
+        llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_top_k(max(1, min(self.top_k, n_vocab))))
+        if self.top_p < 1.0:
+            llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_top_p(self.top_p, 1))
+        if self.min_p > 0.0:
+            llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_min_p(self.min_p, 1))
+        return chain
+
+
+class FilteredRows:
+    """The rows of one decode as llama.cpp's graph filtered them: per row, the surviving ids and their
+    logits (dropped ids are absent; the order is llama.cpp's, not by id). Valid until the model's next
+    decode; `survivors` hands out copies."""
+
+    __slots__ = ("_logits", "_ids", "_counts")
+
+    def __init__(self, logits: np.ndarray, ids: np.ndarray, counts: list[int]) -> None:
+        self._logits, self._ids, self._counts = logits, ids, counts
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    @property
+    def width(self) -> int:
+        """The vocabulary the rows are over."""
+        return self._logits.shape[1]
+
+    def survivors(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row i's surviving ids (int32) and their logits (float32), copies."""
+        n = self._counts[i]
+        logits = self._logits[i, :n]
+        finite = logits > _NEG_INF  # top-p and min-p drop ids to -inf without narrowing the row
+        return self._ids[i, :n][finite], logits[finite]
+
+    def token(self, i: int) -> tuple[int, float]:
+        """Row i's best id and its logit (top-k 1: its only survivor)."""
+        return int(self._ids[i, 0]), float(self._logits[i, 0])
+
+
 # -- the model -----------------------------------------------------------------------------------------
 
 
@@ -342,6 +432,9 @@ class Model(ClosedWhenCollected):
         cparams.no_perf = True
         if batch_invariant_cache(opts):
             cparams.type_k = cparams.type_v = GGML_TYPE_BF16
+        # A verify batch's rows filtered in the graph (set_filters): without a chain attached it changes
+        # nothing (llama.cpp counts and sizes only the rows of sequences that have one).
+        cparams.n_outputs_max_per_seq = min(FILTERED_ROWS, self.n_batch)
         self._abort_flag = ctypes.create_string_buffer(2)  # b"\0": run on; b"\1": abort (see _ABORT_IF_SET)
         cparams.abort_callback = _ABORT_IF_SET
         cparams.abort_callback_data = ctypes.cast(self._abort_flag, ctypes.c_void_p)
@@ -367,6 +460,11 @@ class Model(ClosedWhenCollected):
         self._eog: tuple[int, ...] | None = None
         self._is_eog: dict[int, bool] = {}
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
+        # Backend sampling: the filters decode_filtered applies, and the llama.cpp chain attached now
+        # (attached on the first filtered decode, detached by a decode that wants raw rows).
+        self._filters: GraphFilters | None = None
+        self._chain: llc.llama_sampler_p | None = None
+        self._filtered_views: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self.decode_seconds = 0.0  # wall time inside llama_decode, for the overhead figure
         self._recurrent = recurrent
         self.rs_seq = int(llc.llama_n_rs_seq(self._ctx)) if recurrent else 0
@@ -602,6 +700,24 @@ class Model(ClosedWhenCollected):
         The returned array is a zero-copy view of llama.cpp's buffer of shape (rows, n_vocab); it is
         valid until the next decode on this model, so callers process it before decoding again.
         """
+        if self._chain is not None and outputs != "none":
+            self._detach()  # with a chain attached llama.cpp leaves the raw rows stale
+        rows = self._run(tokens, outputs)
+        if rows == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llc.llama_get_logits(self._ctx)
+        # The view of llama.cpp's output buffer is made once per (address, rows): making it costs
+        # more than the rest of a small decode call, and the buffer moves only when it grows.
+        key = (ctypes.addressof(ptr.contents), rows)
+        view = self._logits_views.get(key)
+        if view is None:
+            if len(self._logits_views) > 64:
+                self._logits_views.clear()
+            view = self._logits_views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return view
+
+    def _run(self, tokens: Sequence[int], outputs: str) -> int:
+        """Decode `tokens` in chunks of n_batch, outputs on the last chunk only: its output rows."""
         n = len(tokens)
         if n == 0:
             raise ValueError("decode needs at least one token")
@@ -615,23 +731,73 @@ class Model(ClosedWhenCollected):
             # Once per prompt: a later rollback beyond the snapshots (a new prompt sharing a prefix,
             # a timing loop) restores this state instead of evaluating everything again.
             self.checkpoint()
+        if n <= self.n_batch:
+            return self._decode_chunk(tokens, outputs)
         rows = 0
         for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]
-            is_last_chunk = start + len(chunk) == n
-            rows = self._decode_chunk(chunk, outputs if is_last_chunk else "none")
-        if rows == 0:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = llc.llama_get_logits(self._ctx)
-        # The view of llama.cpp's output buffer is made once per (address, rows): making it costs
-        # more than the rest of a small decode call, and the buffer moves only when it grows.
-        key = (ctypes.addressof(ptr.contents), rows)
-        view = self._logits_views.get(key)
-        if view is None:
-            if len(self._logits_views) > 64:
-                self._logits_views.clear()
-            view = self._logits_views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
-        return view
+            rows = self._decode_chunk(chunk, outputs if start + len(chunk) == n else "none")
+        return rows
+
+    # -- filters in the graph (backend sampling) -----------------------------------------------------
+
+    @property
+    def filters(self) -> GraphFilters | None:
+        """The filters decode_filtered applies (None: none set)."""
+        return self._filters
+
+    def set_filters(self, filters: GraphFilters | None) -> None:
+        """Filter the rows of decode_filtered in llama.cpp's graph with `filters` from now on. The chain
+        is attached at the next filtered decode and stays until a decode asks for raw rows: each change
+        makes llama.cpp plan its graph again (about a millisecond at a 152k vocabulary)."""
+        if filters == self._filters:
+            return
+        if self._chain is not None:
+            self._detach()
+        self._filters = filters
+
+    def _attach(self) -> None:
+        assert self._filters is not None and self._chain is None
+        chain = self._filters.chain(self.n_vocab)
+        if not llc.llama_set_sampler(self._ctx, 0, chain):
+            llc.llama_sampler_free(chain)
+            raise LlamaError(f"{self.path.name}: llama.cpp cannot run these filters in its graph")
+        self._chain = chain
+
+    def _detach(self) -> None:
+        chain, self._chain = self._chain, None
+        llc.llama_set_sampler(self._ctx, 0, None)
+        llc.llama_sampler_free(chain)
+
+    def decode_filtered(self, tokens: Sequence[int], *, outputs: str = "all") -> FilteredRows:
+        """decode(), with the output rows filtered in llama.cpp's graph by the filters set
+        (`set_filters`): only the survivors cross to Python. outputs: "all" or "last"; at most
+        FILTERED_ROWS rows."""
+        if self._filters is None:
+            raise LlamaError("decode_filtered needs filters (set_filters)")
+        if outputs == "all" and len(tokens) > FILTERED_ROWS:
+            raise ValueError(f"at most {FILTERED_ROWS} filtered rows a decode, not {len(tokens)}")
+        if self._chain is None:
+            self._attach()
+        rows = self._run(tokens, outputs)
+        ctx = self._ctx
+        first = -rows  # output rows counted from the end: the last chunk's, in batch order
+        counts = [llc.llama_get_sampled_logits_count_ith(ctx, i) for i in range(first, 0)]
+        logits_ptr = llc.llama_get_sampled_logits_ith(ctx, first)
+        ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, first)
+        if not logits_ptr or not ids_ptr or not all(counts):
+            raise LlamaError(f"{self.path.name}: llama.cpp's graph filtered no rows")
+        # Rows lie n_vocab apart in llama.cpp's buffers; the views are made once per (addresses, rows).
+        key = (ctypes.addressof(logits_ptr.contents), ctypes.addressof(ids_ptr.contents), rows)
+        views = self._filtered_views.get(key)
+        if views is None:
+            if len(self._filtered_views) > 64:
+                self._filtered_views.clear()
+            views = self._filtered_views[key] = (
+                np.ctypeslib.as_array(logits_ptr, shape=(rows, self.n_vocab)),
+                np.ctypeslib.as_array(ids_ptr, shape=(rows, self.n_vocab)),
+            )
+        return FilteredRows(views[0], views[1], counts)
 
     def _decode_chunk(self, chunk: Sequence[int], outputs: str) -> int:
         b = self._batch
@@ -849,6 +1015,9 @@ class Model(ClosedWhenCollected):
         if self._ctx:
             llc.llama_free(self._ctx)
             self._ctx = None
+        if getattr(self, "_chain", None) is not None:
+            llc.llama_sampler_free(self._chain)  # after the context that pointed to it
+            self._chain = None
         if self._model:
             llc.llama_model_free(self._model)
             self._model = None

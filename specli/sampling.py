@@ -43,6 +43,8 @@ class SamplingError(ValueError):
 # float32 overflow: 1e-40 gave infinite logits and "no mass". llama.cpp has no lower bound of its own.
 MIN_TEMPERATURE = 1e-4
 MAX_TOP_K = 2**31 - 1
+# Where a generation's filters run (--sampling-on): in llama.cpp's graph, on the host, or chosen.
+SAMPLING_ON = ("auto", "backend", "host")
 
 
 @dataclass(frozen=True)
@@ -602,9 +604,52 @@ def _check_max(m: float) -> None:
         raise SamplingError("nothing left to sample: the distribution has no mass")
 
 
-def greedy_token(logits: np.ndarray, banned: tuple[int, ...] = ()) -> int:
+class Survivors:
+    """A row filtered in llama.cpp's graph (backend sampling, llama.GraphFilters): the ids that survived
+    top-k, top-p and min-p (banned ids never do), in llama.cpp's order, and their untempered logits.
+    `distribution`, `greedy_token` and `top_probability` take one where they take a row."""
+
+    __slots__ = ("ids", "logits")
+
+    def __init__(self, ids: np.ndarray, logits: np.ndarray) -> None:
+        self.ids, self.logits = ids, logits
+
+
+def _survivors_distribution(s: Survivors, params: SamplingParams, out_width: int) -> Dist:
+    """The survivors tempered as `_distribution` tempers its own (float64, the same values): a row whose
+    survivors agree with the host's filters gives the same Dist, and so the same keyed draws."""
+    if s.ids.shape[0] == 0:
+        raise SamplingError("nothing left to sample: the distribution has no mass")
+    m = float(s.logits.max())
+    _check_max(m)
+    inv_t = 1.0 / params.temperature
+    if not math.isfinite(inv_t * max(1.0, abs(m))):
+        raise SamplingError(f"temperature {params.temperature:g} is too small to divide logits by")
+    return Dist(s.ids.astype(np.intp), np.multiply(s.logits, inv_t, dtype=np.float64), out_width)
+
+
+def _survivors_best(s: Survivors) -> int:
+    """The best survivor; ties to the lowest id (llama.cpp's order is not by id)."""
+    values = s.logits.tolist()
+    best = max(values)
+    _check_max(best)
+    ids = s.ids.tolist()
+    return min(ids[i] for i, v in enumerate(values) if v == best)
+
+
+def checked_token(token: int, logit: float) -> int:
+    """A row's best id as llama.cpp's graph found it (top-k 1; ties to the lowest id), its logit checked
+    as greedy_token checks the row's maximum."""
+    _check_max(logit)
+    return token
+
+
+def greedy_token(logits: np.ndarray | Survivors, banned: tuple[int, ...] = ()) -> int:
     """argmax of one row (ties go to the lowest id, as llama.cpp's greedy sampler). One pass: argmax
-    lands on a NaN if there is one, so checking the winner checks the row."""
+    lands on a NaN if there is one, so checking the winner checks the row. Survivors: their best
+    (llama.cpp's graph left banned ids out)."""
+    if isinstance(logits, Survivors):
+        return _survivors_best(logits)
     idx = int(logits.argmax())
     if banned and idx in banned:  # rare: only then is a masked copy of the row needed
         logits = _without_banned(logits, banned)
@@ -613,11 +658,15 @@ def greedy_token(logits: np.ndarray, banned: tuple[int, ...] = ()) -> int:
     return idx
 
 
-def top_probability(row: np.ndarray) -> float:
+def top_probability(row: np.ndarray | Survivors) -> float:
     """max softmax(row), the draft's confidence in its greedy token, from the ids that can matter: the
-    64 groups with the highest maxima, within 20 nats of the top. Any function of the row keeps
-    sampling exact (it never looks at a drawn token); this one errs only on very flat rows, where it
-    overstates a confidence that is low either way."""
+    64 groups with the highest maxima, within 20 nats of the top (Survivors: over the survivors). Any
+    function of the row keeps sampling exact (it never looks at a drawn token); this one errs only on
+    very flat rows, where it overstates a confidence that is low either way."""
+    if isinstance(row, Survivors):
+        m = float(row.logits.max())
+        _check_max(m)
+        return float(1.0 / np.exp(row.logits.astype(np.float64) - m).sum())
     groups = _Groups(row)
     gm = groups.max
     m = float(gm.max())
@@ -629,15 +678,18 @@ def top_probability(row: np.ndarray) -> float:
     return float(1.0 / np.exp(row[ids].astype(np.float64) - m).sum())
 
 
-def distribution(logits: np.ndarray, params: SamplingParams, *, width: int | None = None) -> Dist:
+def distribution(logits: np.ndarray | Survivors, params: SamplingParams, *, width: int | None = None) -> Dist:
     """One logits row -> the processed distribution that sampling draws from.
 
     `width` is the target's vocabulary size: ids beyond it (a draft with a longer vocabulary) are
     never proposed, and a shorter row simply has no mass past its end. Banned ids need not be
-    masked in the row (see masked_for).
+    masked in the row (see masked_for). Survivors (a row llama.cpp's graph filtered with these
+    settings): tempered only; their ids are below `width`.
     """
     if params.greedy:
         raise ValueError("greedy decoding uses greedy_token, not a distribution")
+    if isinstance(logits, Survivors):
+        return _survivors_distribution(logits, params, width or int(logits.ids.max(initial=0)) + 1)
     row = logits if width is None or width >= logits.shape[0] else logits[:width]
     out_width = width or row.shape[0]
     if params.banned:
@@ -688,11 +740,14 @@ def proposal_acceptance(p: Dist, token: int, q: Dist | None) -> float:
 @dataclass(frozen=True)
 class Sampler:
     """How one generation draws tokens: the settings, the keyed noise, and the verification rule
-    (`same_as_plain`: drafts are accepted only where they equal the target's own draw)."""
+    (`same_as_plain`: drafts are accepted only where they equal the target's own draw). `in_graph`:
+    the generation's rows are filtered in llama.cpp's graph (backend sampling); a drafter whose model
+    can filters its rows there too."""
 
     params: SamplingParams
     noise: Noise
     same_as_plain: bool = False
+    in_graph: bool = False
 
     @property
     def mode(self) -> str:

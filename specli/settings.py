@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from specli.sampling import SAMPLER_RANGES, SamplingParams, random_seed, temperature_problem
+from specli.sampling import SAMPLER_RANGES, SAMPLING_ON, SamplingParams, random_seed, temperature_problem
 
 if TYPE_CHECKING:
     from specli.engine import GenerationParams
@@ -84,7 +84,7 @@ class Setting:
 
     name: str
     flag: str
-    kind: str  # "int" | "float" | "bool" | "k" | "seed" | "stops"
+    kind: str  # "int" | "float" | "bool" | "k" | "seed" | "stops" | "choice" (one of `choices`)
     expected: str
     valid: Callable[[Any], bool]
     help: str
@@ -93,6 +93,7 @@ class Setting:
     # Its field in an OpenAI-style request (`specli serve`; llama-server's names where OpenAI has none),
     # None: not settable per request (it shapes the loaded models).
     request: str | None = None
+    choices: tuple[str, ...] = ()  # kind "choice": its values
 
 
 def _sampler(name: str) -> tuple[str, Callable[[Any], bool]]:
@@ -136,6 +137,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "the same text every time and speculation prints --no-draft's tokens on any quantization. "
             "--no-batch-invariant: llama.cpp's fastest CPU kernels, whose rounding depends on the batch "
             "(on Gemma 3 270M Q4_K_M prompts evaluate 1.1-1.3x and n-gram speculation runs ~5 % faster)."),
+    Setting("sampling_on", "--sampling-on", "choice", "auto, backend or host",
+            lambda v: v in SAMPLING_ON,
+            "Where the filters (top-k, top-p, min-p) run: backend, in llama.cpp's graph, so only their "
+            "survivors reach Python (needs top-k, or temp 0); host, over the whole row in numpy; auto: "
+            "backend when the target is offloaded to a GPU, host on a CPU (faster there).",
+            choices=SAMPLING_ON),
     Setting("ctx", "--ctx", "int", f"a whole number from {MIN_CONTEXT} to {MAX_CONTEXT} (tokens of context)",
             lambda v: MIN_CONTEXT <= v <= MAX_CONTEXT, "Context size in tokens."),
     Setting("threads", "--threads", "int", f"a whole number from 0 to {MAX_THREADS} (0: one per core)",
@@ -163,6 +170,7 @@ class RunSettings:
     same_as_plain: bool = True
     ignore_eos: bool = False
     batch_invariant: bool = True
+    sampling_on: str = "auto"
     ctx: int = 4096
     threads: int = 0  # 0: one per core
     gpu_layers: int = 0
@@ -201,7 +209,7 @@ class RunSettings:
         return GenerationParams(
             max_tokens=self.max_tokens, sampling=self.sampling, seed=self.seeded().seed_at(seed_offset),
             stop=self.stop, draft_max=self.draft_max, ignore_eos=self.ignore_eos,
-            same_as_plain=self.same_as_plain, draft_p_min=self.draft_p_min,
+            same_as_plain=self.same_as_plain, draft_p_min=self.draft_p_min, sampling_on=self.sampling_on,
         )
 
     def validate(self) -> RunSettings:
@@ -309,6 +317,10 @@ def _convert(setting: Setting, raw: Any, source: Source, name: str) -> Any:
             if not s:
                 raise source.error(name, "must not be empty: an empty stop text would stop at once")
         return tuple(dict.fromkeys(items))
+    if kind == "choice":
+        if not isinstance(raw, str):
+            raise source.error(name, f"must be {setting.expected}, got {_show(raw)}")
+        return raw.strip().lower() if source.text else raw
     if kind == "bool":
         if isinstance(raw, bool):
             return raw

@@ -41,6 +41,8 @@ class GenerationStats:
     stop_reason: str = ""
     seed: int | None = None
     sampling_mode: str = ""  # "greedy" | "same-as-plain" | "rejection"
+    sampling_path: str = ""  # "backend" (filters in llama.cpp's graph) | "host"
+    sampling_reason: str = ""
     accepted_per_round: Counter = field(default_factory=Counter)  # histogram over drafting rounds
     k_per_round: list[int] = field(default_factory=list)
     origins: Counter = field(default_factory=Counter)  # emitted tokens by origin
@@ -84,6 +86,8 @@ class GenerationStats:
             self.prompt_seconds = event.seconds
             self.seed = event.seed
             self.sampling_mode = event.sampling_mode
+            self.sampling_path = event.sampling_path
+            self.sampling_reason = event.sampling_reason
 
     # -- derived figures -----------------------------------------------------------------------------
 
@@ -196,6 +200,8 @@ class GenerationStats:
             "predicted_speedup": r(self.predicted_speedup, 3),
             "stop_reason": self.stop_reason,
             "sampling_mode": self.sampling_mode,
+            "sampling": self.sampling_path,
+            "sampling_reason": self.sampling_reason,
             "seed": self.seed,
             "auto_reason": self.auto_reason,
             "auto_holdback": None if self.holdback is None else asdict(self.holdback),

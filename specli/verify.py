@@ -13,11 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from specli.drafters.base import Draft
+from specli.llama import FilteredRows
 from specli.sampling import (
     ACCEPT,
     RESIDUAL,
     Dist,
     Sampler,
+    Survivors,
+    checked_token,
     distribution,
     greedy_token,
     masked_for,
@@ -36,8 +39,10 @@ class Verdict:
     dists: list[Dist | None]
 
 
-def verify(target_rows: np.ndarray, draft: Draft, sampler: Sampler, position: int) -> Verdict:
+def verify(target_rows: np.ndarray | FilteredRows, draft: Draft, sampler: Sampler, position: int) -> Verdict:
     """One round's decision from the target's k + 1 logits rows; row i predicts sequence `position + i`.
+    FilteredRows: rows llama.cpp's graph filtered with the sampler's settings (backend sampling), whose
+    survivors are tempered and drawn from exactly as the host's own filters' would be.
 
     Greedy, and sampling with `same_as_plain`: the target draws its own token at each position (argmax,
     or the Gumbel-max draw with the position's noise, which plain decoding draws too) and accepts
@@ -48,27 +53,45 @@ def verify(target_rows: np.ndarray, draft: Draft, sampler: Sampler, position: in
     d = draft.tokens
     k = len(d)
     params, noise = sampler.params, sampler.noise
-    params = masked_for(target_rows, params)
+    if isinstance(target_rows, FilteredRows):
+        filtered, width = target_rows, target_rows.width
+        params = params.unbanned  # the graph left banned ids out
+
+        def row_dist(i: int) -> Dist:
+            return distribution(Survivors(*filtered.survivors(i)), params, width=width)
+
+        def row_best(i: int) -> int:
+            return checked_token(*filtered.token(i))
+    else:
+        rows = target_rows
+        params = masked_for(rows, params)
+
+        def row_dist(i: int) -> Dist:
+            return distribution(rows[i], params)
+
+        def row_best(i: int) -> int:
+            return greedy_token(rows[i], params.banned)
+
     dists: list[Dist | None] = []
     if params.greedy or sampler.same_as_plain:
         for i in range(k + 1):
             if params.greedy:
-                own, p = greedy_token(target_rows[i], params.banned), None
+                own, p = row_best(i), None
             else:
-                p = distribution(target_rows[i], params)
+                p = row_dist(i)
                 own = p.draw(noise, position + i)
             dists.append(p)
             if i == k or own != d[i]:
                 return Verdict([*d[:i], own], i, dists)
     qs = draft.probs
     for i in range(k):
-        p = distribution(target_rows[i], params)
+        p = row_dist(i)
         dists.append(p)
         q = qs[i] if qs is not None else None
         q_d = q.prob(d[i]) if q is not None else 1.0
         if not noise.uniform(position + i, ACCEPT) * q_d < p.prob(d[i]):
             return Verdict([*d[:i], p.residual(q, d[i]).draw(noise, position + i, RESIDUAL)], i, dists)
-    p = distribution(target_rows[k], params)
+    p = row_dist(k)
     dists.append(p)
     return Verdict([*d, p.draw(noise, position + k)], k, dists)
 

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from specli.llama import Model
-from specli.sampling import Dist, Sampler, distribution, greedy_token, mask_banned, top_probability
+from specli.sampling import Dist, Sampler, Survivors, distribution, greedy_token, mask_banned, top_probability
 
 
 class DraftGate(Protocol):
@@ -54,7 +54,7 @@ class DraftStep:
 
 
 def draft_step(
-    row: np.ndarray,
+    row: np.ndarray | Survivors,
     i: int,
     position: int,
     sampler: Sampler,
@@ -68,9 +68,10 @@ def draft_step(
 
     Confidence is the top probability, known before the token is drawn: a stop that depended on the
     drawn token would bias what gets proposed away from q, and the output away from the target's
-    distribution."""
+    distribution. Survivors: the row as llama.cpp's graph filtered it (banned ids left out there)."""
     params = sampler.params.unbanned  # banned ids are masked in the row first
-    mask_banned(row[None, :], sampler.params.banned)
+    if not isinstance(row, Survivors):
+        mask_banned(row[None, :], sampler.params.banned)
     q = None if params.greedy else distribution(row, params, width=width)
     top = None  # greedy: the top probability only when something looks at it
     if q is not None or p_min or gate is not None:
@@ -117,8 +118,8 @@ class Draft:
 
 
 def draft_positions(
-    row: np.ndarray,
-    next_row: Callable[[int], np.ndarray],
+    row: np.ndarray | Survivors,
+    next_row: Callable[[int], np.ndarray | Survivors],
     k: int,
     position: int,
     sampler: Sampler,

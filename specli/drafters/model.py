@@ -7,12 +7,12 @@ import time
 import numpy as np
 
 from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_positions
-from specli.llama import Model
-from specli.sampling import (
-    Noise,
-    Sampler,
-    SamplingParams,
-)
+from specli.llama import GraphFilters, Model
+from specli.sampling import Noise, Sampler, SamplingParams, Survivors
+
+# A greedy draft row's best ids that cross from llama.cpp's graph: its gate's confidence is their
+# softmax's top (llama.cpp's own drafts keep 10).
+GREEDY_DRAFT_TOP = 16
 
 
 class DraftModelDrafter(Drafter):
@@ -37,6 +37,12 @@ class DraftModelDrafter(Drafter):
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._sampler = sampler
+        # The draft's rows are filtered where the target's are when the run filters in llama.cpp's
+        # graph and this model can (its ids all within the target's vocabulary).
+        filters = None
+        if sampler.in_graph and self.model.n_vocab <= self.target_vocab:
+            filters = GraphFilters.of(sampler.params, self.model.n_vocab, greedy_top_k=GREEDY_DRAFT_TOP)[0]
+        self.model.set_filters(filters)
         self._known_good = self.model.keep_common_prefix(context)
         if self.model.n_past < len(context) - 1:
             self.model.decode(context[self.model.n_past : -1], outputs="none")
@@ -46,15 +52,18 @@ class DraftModelDrafter(Drafter):
         m, sampler, width = self.model, self._sampler, self.target_vocab
         behind = len(context) - m.n_past  # usually the pending token, and a bonus token before it
         t0 = time.perf_counter()
-        rows = m.decode(context[m.n_past :], outputs="last")
+        if m.filters is not None:
+            def next_row(tokens: list[int]) -> Survivors:
+                return Survivors(*m.decode_filtered(tokens, outputs="last").survivors(0))
+        else:
+            def next_row(tokens: list[int]) -> np.ndarray:
+                row = m.decode(tokens, outputs="last")[0]
+                return row if row.shape[0] <= width else row[:width]
+        first = next_row(context[m.n_past :])
         catch_up = time.perf_counter() - t0 if behind > 2 else 0.0
         m.checkpoint()  # a recurrent draft returns here when drafts are rejected (no-op otherwise)
-
-        def first_of(rows: np.ndarray) -> np.ndarray:
-            return rows[0] if rows.shape[1] <= width else rows[0, :width]
-
         return draft_positions(
-            first_of(rows), lambda token: first_of(m.decode([token], outputs="last")), k, len(context),
+            first, lambda token: next_row([token]), k, len(context),
             sampler, width=width, p_min=self.p_min, gate=gate, name=self.name, catch_up_seconds=catch_up,
         )
 
