@@ -78,10 +78,14 @@ class Generation:
         self._start: float | None = None
 
     def __iter__(self) -> Iterator[Event]:
+        observe = self.stats.observe
         for event in self._rounds:
-            if isinstance(event, PromptEvent):
+            kind = type(event)
+            if kind is PromptEvent:
                 self._start = time.perf_counter()
-            self._observe(event)
+            elif kind is DoneEvent:
+                self.done = event
+            observe(event)
             yield event
 
     def _observe(self, event: Event) -> None:
@@ -174,45 +178,55 @@ class SpeculativeEngine:
         yield PromptEvent(len(context), len(context) - cached, time.perf_counter() - t0, seed, sampler.mode,
                           "backend" if filters is not None else "host", why)
 
-        gen_start = time.perf_counter()
+        # The round's work is the same every time: its calls looked up once (a fast model's token
+        # leaves a few tens of microseconds for all of it).
+        clock, propose, batch_size = time.perf_counter, proposer.propose, proposer.batch_size
+        decode = target.decode_filtered if filters is not None else target.decode
+        # Plain decoding's proposer learns nothing from a round: no report is made for it.
+        observe = proposer.observe if type(proposer).observe is not Proposer.observe else None
+        max_tokens, rollback = params.max_tokens, min(target.max_rollback, most_rows - 1)
+        gen_start = clock()
         stop_reason, n_emitted, index = "length", 0, 0
-        while n_emitted < params.max_tokens and stop_reason == "length":
-            room = target.n_ctx - len(context)  # drafts that fit beside the pending token
+        while n_emitted < max_tokens and stop_reason == "length":
+            n_context = len(context)
+            room = target.n_ctx - n_context  # drafts that fit beside the pending token
             if room < 0:
                 stop_reason = "context"
                 break
             decoded = target.decode_seconds + proposer.decode_seconds
-            t_start = time.perf_counter()
+            t_start = clock()
             # A round emits up to k + 1 tokens: no drafts past max_tokens or the context, and no more
             # than a recurrent/hybrid target can roll back (all k when every draft is rejected).
-            limit = min(params.max_tokens - n_emitted - 1, room, target.max_rollback, most_rows - 1)
-            draft = proposer.propose(context, limit, left=min(params.max_tokens - n_emitted, room + 1))
-            t_drafted = time.perf_counter()
+            limit = min(max_tokens - n_emitted - 1, room, rollback)
+            draft = propose(context, limit, left=min(max_tokens - n_emitted, room + 1))
+            t_drafted = clock()
             batch = [context[-1], *draft.tokens]
             # Where a larger batch costs less on this machine (a CPU kernel's threshold), pad to it:
             # causal attention keeps the rows of the batch's own tokens as they were.
-            m_max = min(room, target.max_rollback, most_rows - 1) + 1
-            padding = proposer.batch_size(len(batch), m_max) - len(batch)
+            padding = batch_size(len(batch), min(room, rollback) + 1) - len(batch)
             if filters is not None:
-                rows = target.decode_filtered(batch + [batch[-1]] * padding)
+                rows = decode(batch + [batch[-1]] * padding if padding else batch)
+            elif padding:
+                rows = decode(batch + [batch[-1]] * padding, outputs="all")[: len(batch)]
             else:
-                rows = target.decode(batch + [batch[-1]] * padding, outputs="all")[: len(batch)]
-            t_verified = time.perf_counter()
-            verdict = verify(rows, draft, sampler, len(context))
-            target.truncate(len(context) + verdict.n_accepted)  # the cache holds the new context[:-1]
+                rows = decode(batch, outputs="all")
+            t_verified = clock()
+            verdict = verify(rows, draft, sampler, n_context)
+            target.truncate(n_context + verdict.n_accepted)  # the cache holds the new context[:-1]
             context.extend(verdict.tokens)
-            proposer.observe(
-                RoundResult(context, draft, verdict, t_drafted - t_start, t_verified - t_drafted, padding)
-            )
-            budget = params.max_tokens - n_emitted
-            events, emitted, stop_reason, used = _emit(target, stream, draft, verdict, index, budget)
+            if observe is not None:
+                observe(RoundResult(context, draft, verdict, t_drafted - t_start, t_verified - t_drafted,
+                                    padding))
+            events, emitted, stop_reason, used = _emit(target, stream, draft, verdict, index,
+                                                       max_tokens - n_emitted)
             n_emitted += emitted
-            t_end = time.perf_counter()
+            t_end = clock()
             yield from events
+            k = len(draft.tokens)
             yield RoundEvent(
                 index,
-                draft.drafter if draft.tokens else None,
-                len(draft.tokens),
+                draft.drafter if k else None,
+                k,
                 verdict.n_accepted,
                 emitted,
                 t_drafted - t_start,
@@ -244,9 +258,20 @@ def _emit(
     used: up to the one that ended the output, or all)."""
     k, n_accepted = len(draft.tokens), verdict.n_accepted
     last_origin = Origin.PLAIN if k == 0 else (Origin.BONUS if n_accepted == k else Origin.CORRECTED)
+    tokens = verdict.tokens
+    if len(tokens) <= budget and not stream.stop and not any(map(target.is_eog, tokens)):
+        # The usual round: every token goes out, nothing can end the output: its text in one pass.
+        drafter = draft.drafter
+        out = [TokenEvent(token, "", Origin.ACCEPTED, index, drafter) for token in tokens[:n_accepted]]
+        out.append(TokenEvent(tokens[-1], "", last_origin, index, None))
+        stream.push_all(out)
+        if n_accepted < k:
+            rejected = draft.tokens[n_accepted:]
+            out.insert(n_accepted, RejectedEvent(rejected, target.detokenize(rejected), index, drafter))
+        return out, len(tokens), "length", len(tokens)
     events: list[Event] = []
     emitted = 0
-    for i, token in enumerate(verdict.tokens):
+    for i, token in enumerate(tokens):
         if i == n_accepted < k:
             rejected = draft.tokens[n_accepted:]
             events.append(RejectedEvent(rejected, target.detokenize(rejected), index, draft.drafter))
@@ -260,4 +285,4 @@ def _emit(
             return events, emitted, "stop", i + 1
         if emitted >= budget:
             return events, emitted, "length", i + 1
-    return events, emitted, "length", len(verdict.tokens)
+    return events, emitted, "length", len(tokens)

@@ -36,6 +36,7 @@ from specli.llama import (
     ModelOptions,
     _ensure_backend,
     batch_invariant_cache,
+    buffer_view,
     repacks,
 )
 
@@ -291,6 +292,7 @@ class SideContext(ClosedWhenCollected):
         self.decode_seconds = 0.0
         self._pos = (llc.llama_pos * 4)()
         self._row = ctypes.POINTER(ctypes.c_float)
+        self._views: dict[tuple[int, int], np.ndarray] = {}
 
     def _add(self, pos: int, token: int | None = None, embd: np.ndarray | None = None,
              output: bool = False) -> None:
@@ -336,10 +338,11 @@ class SideContext(ClosedWhenCollected):
             self.n_past = held
 
     def _logits(self, rows: int) -> np.ndarray:
+        """The first rows of llama.cpp's logits buffer: a view, valid until the next decode."""
         ptr = llc.llama_get_logits(self._ctx)
         if not ptr:
             raise LlamaError(f"llama.cpp returned no logits of {self.label}")
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return buffer_view(self._views, ptr, rows, self.n_vocab)
 
     def _nextn(self, rows: int) -> np.ndarray:
         ptr = llc_ext.llama_get_embeddings_nextn(self._ctx)
@@ -400,8 +403,9 @@ class MTPContext(SideContext):
 
     def decode(self, tokens: Sequence[int], hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Evaluate `tokens` at the next positions, token i read with hidden[i] (the hidden state of
-        the position before it). Returns the last position's logits row and its own hidden state
-        (copies): what the MTP head predicts next, and the h to read with the token drawn from it."""
+        the position before it). Returns the last position's logits row (a view, valid until the next
+        decode) and its own hidden state (a copy): what the MTP head predicts next, and the h to read
+        with the token drawn from it."""
         n = len(tokens)
         if n == 0 or hidden.shape != (n, self.n_embd):
             raise ValueError(f"MTP decode needs one hidden row per token: {n} tokens, rows {hidden.shape}")
@@ -420,8 +424,10 @@ class MTPContext(SideContext):
         h = llc_ext.llama_get_embeddings_nextn_ith(self._ctx, n - start - 1)  # the last chunk's last row
         if not logits or not h:
             raise LlamaError("llama.cpp returned no MTP output")
-        return (np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).copy(),
-                np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy())
+        # The logits row is a view (a draft step reads it before the next decode), h a copy (the
+        # next decode reads it as its input)
+        return buffer_view(self._views, logits, 1, self.n_vocab)[0], \
+            np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy()
 
     def _resync(self) -> None:
         super()._resync()
@@ -480,8 +486,9 @@ class Eagle3Context(HeadContext):
     def decode(self, tokens: Sequence[int], states: np.ndarray, *, output: bool
                ) -> tuple[np.ndarray, np.ndarray] | None:
         """Decode (tokens[i], states[i]) at the next positions. With `output`, the last position's
-        logits and pre-norm state (copies); the head's graph computes logits for every row and llama.cpp
-        hands out the first rows, so an output decode is one token."""
+        logits (a view, valid until the next decode) and pre-norm state (a copy); the head's graph
+        computes logits for every row and llama.cpp hands out the first rows, so an output decode is
+        one token."""
         states = np.ascontiguousarray(states, dtype=np.float32)
         if output and len(tokens) != 1:
             raise ValueError("an EAGLE-3 decode with output is one token")
@@ -493,7 +500,7 @@ class Eagle3Context(HeadContext):
             self._process(llc.LLAMA_PROCESS_TYPE_DECODE, len(chunk))
         if not output:
             return None
-        return self._logits(1)[0].copy(), self._nextn(1)[0].copy()
+        return self._logits(1)[0], self._nextn(1)[0].copy()
 
 
 class BlockContext(HeadContext):

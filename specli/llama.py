@@ -281,6 +281,20 @@ class GraphFilters:
         return chain
 
 
+def buffer_view(views: dict[tuple[int, int], np.ndarray], ptr: ctypes._Pointer, rows: int,
+                width: int) -> np.ndarray:
+    """A (rows, width) numpy view of a llama.cpp output buffer at `ptr`, made once per (address, rows)
+    and kept in `views`: making one costs more than the rest of a small decode call, and a buffer
+    moves only when it grows."""
+    key = (ctypes.addressof(ptr.contents), rows)
+    view = views.get(key)
+    if view is None:
+        if len(views) > 64:
+            views.clear()
+        view = views[key] = np.ctypeslib.as_array(ptr, shape=(rows, width))
+    return view
+
+
 class FilteredRows:
     """The rows of one decode as llama.cpp's graph filtered them: per row, the surviving ids and their
     logits (dropped ids are absent; the order is llama.cpp's, not by id). Valid until the model's next
@@ -450,6 +464,7 @@ class Model(ClosedWhenCollected):
         self.n_threads = threads
         self.n_vocab = llc.llama_vocab_n_tokens(self._vocab)
         self._batch = llc.llama_batch_init(self.n_batch, 0, 1)
+        self._batch_arrays = (self._batch.token, self._batch.pos, self._batch.logits)  # fixed pointers
         # seq_id pointers are set once: every token goes to sequence 0.
         for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
@@ -464,7 +479,7 @@ class Model(ClosedWhenCollected):
         # (attached on the first filtered decode, detached by a decode that wants raw rows).
         self._filters: GraphFilters | None = None
         self._chain: llc.llama_sampler_p | None = None
-        self._filtered_views: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._filtered_views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_seconds = 0.0  # wall time inside llama_decode, for the overhead figure
         self._recurrent = recurrent
         self.rs_seq = int(llc.llama_n_rs_seq(self._ctx)) if recurrent else 0
@@ -705,16 +720,7 @@ class Model(ClosedWhenCollected):
         rows = self._run(tokens, outputs)
         if rows == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = llc.llama_get_logits(self._ctx)
-        # The view of llama.cpp's output buffer is made once per (address, rows): making it costs
-        # more than the rest of a small decode call, and the buffer moves only when it grows.
-        key = (ctypes.addressof(ptr.contents), rows)
-        view = self._logits_views.get(key)
-        if view is None:
-            if len(self._logits_views) > 64:
-                self._logits_views.clear()
-            view = self._logits_views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
-        return view
+        return buffer_view(self._logits_views, llc.llama_get_logits(self._ctx), rows, self.n_vocab)
 
     def _run(self, tokens: Sequence[int], outputs: str) -> int:
         """Decode `tokens` in chunks of n_batch, outputs on the last chunk only: its output rows."""
@@ -787,29 +793,26 @@ class Model(ClosedWhenCollected):
         ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, first)
         if not logits_ptr or not ids_ptr or not all(counts):
             raise LlamaError(f"{self.path.name}: llama.cpp's graph filtered no rows")
-        # Rows lie n_vocab apart in llama.cpp's buffers; the views are made once per (addresses, rows).
-        key = (ctypes.addressof(logits_ptr.contents), ctypes.addressof(ids_ptr.contents), rows)
-        views = self._filtered_views.get(key)
-        if views is None:
-            if len(self._filtered_views) > 64:
-                self._filtered_views.clear()
-            views = self._filtered_views[key] = (
-                np.ctypeslib.as_array(logits_ptr, shape=(rows, self.n_vocab)),
-                np.ctypeslib.as_array(ids_ptr, shape=(rows, self.n_vocab)),
-            )
-        return FilteredRows(views[0], views[1], counts)
+        # Rows lie n_vocab apart in llama.cpp's buffers.
+        views = self._filtered_views
+        return FilteredRows(buffer_view(views, logits_ptr, rows, self.n_vocab),
+                            buffer_view(views, ids_ptr, rows, self.n_vocab), counts)
 
     def _decode_chunk(self, chunk: Sequence[int], outputs: str) -> int:
         b = self._batch
         m = len(chunk)
-        pos0 = self.n_past
+        pos0 = len(self.tokens)
         want_all = outputs == "all"
-        for i, tok in enumerate(chunk):
-            b.token[i] = tok
-            b.pos[i] = pos0 + i
-            b.logits[i] = want_all
-        if outputs == "last":
-            b.logits[m - 1] = True
+        token, pos, logits = self._batch_arrays
+        if m == 1:  # a plain round's token, a draft step
+            token[0], pos[0], logits[0] = chunk[0], pos0, outputs != "none"
+        else:
+            for i, tok in enumerate(chunk):
+                token[i] = tok
+                pos[i] = pos0 + i
+                logits[i] = want_all
+            if outputs == "last":
+                logits[m - 1] = True
         b.n_tokens = m
         self._hidden_upto = min(self._hidden_upto, pos0)  # rows from pos0 on are about to change
         if self._recorder is not None:

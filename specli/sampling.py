@@ -132,6 +132,24 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+_FACTORS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+_GOLDEN_U64 = np.uint64(_GOLDEN)
+
+
+def _mix_in_place(x: np.ndarray) -> None:
+    """_mix, overwriting x (a uint64 array): the same values, without a new array per step."""
+    s30, s27, s31 = _SHIFTS
+    t = x >> s30
+    x ^= t
+    x *= _FACTORS[0]
+    np.right_shift(x, s27, out=t)
+    x ^= t
+    x *= _FACTORS[1]
+    np.right_shift(x, s31, out=t)
+    x ^= t
+
+
 _2_53 = 1.0 / (1 << 53)  # 53 bits of a hash, as a uniform's step (_unit, Noise.gumbel_few)
 # Supports of up to this many ids draw their noise in plain Python (Noise.gumbel_few).
 _FEW = 24
@@ -186,7 +204,20 @@ class Noise:
         """Gumbel(0) noise of each id (float64): one hash per id, for draws over a small support."""
         if ids.shape[0] <= _FEW:
             return np.array(self.gumbel_few(position, ids.tolist(), family, salt))
-        return -np.log(-np.log(_unit(self._bits(position, family * 4, salt, ids))))
+        # -log(-log(_unit(_bits(...)))), each step in place (the same arithmetic, fewer arrays)
+        x = ids.astype(np.uint64)
+        x *= _GOLDEN_U64
+        x += np.uint64(self._base(position, family * 4, salt))
+        _mix_in_place(x)
+        x >>= np.uint64(11)
+        g = x.astype(np.float64)
+        g += 0.5
+        g *= _2_53
+        np.log(g, out=g)
+        np.negative(g, out=g)
+        np.log(g, out=g)
+        np.negative(g, out=g)
+        return g
 
     def gumbel_few(self, position: int, ids: list[int], family: int, salt: int = 0) -> list[float]:
         """gumbel() for a few ids in plain Python: right after a decode has evicted the caches, each
@@ -346,8 +377,9 @@ def _top_k_support(
     count in the mass top-p normalises by, so then _MaskFirst. Deciding from min-p's survivors is
     unaffected (their own mass bounds the top-k mass from below, banned ids in it or not).
     """
-    if floor != -math.inf:
+    if floor != -math.inf and _floor_hint.worth_trying():
         found = _within_floor(row, groups, m, top_k, top_p, floor)
+        _floor_hint.record(found is not None)
         if found is not None:
             return found
     keep, vals = _top_k(row, groups, top_k)
@@ -360,18 +392,51 @@ def _top_k_support(
         return keep[survives], vals[survives]
     values = vals.tolist()
     exp = math.exp
-    z_survivors = [exp(v - m) for v in values if v >= floor]
-    total = sum([exp(v - m) for v in values])
+    z = [exp(v - m) for v in values]
+    total = sum(z)
+    z_survivors = [zi for zi, v in zip(z, values, strict=True) if v >= floor]
     if sum(z_survivors) - min(z_survivors) < top_p * total * (1 - _TOP_P_MARGIN):
         if len(z_survivors) == len(values):
             return keep, vals
         survives = vals >= floor
         return keep[survives], vals[survives]
-    z64 = np.exp(vals.astype(np.float64) - m)
-    order = np.lexsort((keep, -vals))
-    prefix = order[: _top_p_length(np.cumsum(z64[order]) / float(z64.sum()), top_p)]
-    prefix = prefix[vals[prefix] >= floor]
+    # The smallest best-first prefix whose mass reaches top_p (ties to the lowest id), summed in order
+    # as llama.cpp sums it (in float64), then min-p's floor.
+    order = np.lexsort((keep, -vals)).tolist()
+    mass, cut = 0.0, len(order)
+    for j, i in enumerate(order):
+        mass += z[i]
+        if mass / total >= top_p:
+            cut = j + 1
+            break
+    prefix = [i for i in order[:cut] if values[i] >= floor]
     return keep[prefix], vals[prefix]
+
+
+class _FloorHint:
+    """Whether _within_floor is worth trying on the next row: it decides most rows of a peaked model
+    alone, but on flat rows (top-p cutting inside min-p's survivors) it fails after doing most of the
+    work, and the ranked top k is needed anyway. After two failures in a row it is tried only every
+    RETRY rows, until it decides one again. Speed only: both ways give the same support."""
+
+    RETRY = 8
+
+    def __init__(self) -> None:
+        self._failed = 0  # consecutive failures
+        self._skip = 0
+
+    def worth_trying(self) -> bool:
+        if self._skip:
+            self._skip -= 1
+            return False
+        return True
+
+    def record(self, decided: bool) -> None:
+        self._failed = 0 if decided else self._failed + 1
+        self._skip = self.RETRY - 1 if self._failed >= 2 else 0
+
+
+_floor_hint = _FloorHint()
 
 
 def _within_floor(

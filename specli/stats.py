@@ -12,7 +12,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from specli.costs import expected_tokens, later_examined
-from specli.events import DoneEvent, Event, Holdback, PromptEvent, RoundEvent, TokenEvent
+from specli.events import DoneEvent, Event, Holdback, Origin, PromptEvent, RoundEvent, TokenEvent
+
+_ORIGIN_KEYS = {origin: origin.value for origin in Origin}  # an enum's .value is a slow property
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
@@ -52,10 +54,11 @@ class GenerationStats:
     holdback: Holdback | None = None  # why -k auto drafted little or nothing (the DoneEvent's)
 
     def observe(self, event: Event) -> None:
-        if isinstance(event, TokenEvent):
+        if type(event) is TokenEvent:
             self.n_generated += 1
-            self.origins[event.origin.value] += 1
-            if event.origin.value == "accepted" and event.drafter:
+            origin = event.origin
+            self.origins[_ORIGIN_KEYS[origin]] += 1
+            if origin is Origin.ACCEPTED and event.drafter:
                 self.accepted_by_drafter[event.drafter] += 1
         elif isinstance(event, RoundEvent):
             self.rounds += 1

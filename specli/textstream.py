@@ -42,6 +42,16 @@ class TextStream:
                     break
         return self._release_chars(len(held_text) - hold, keep_rest=True)
 
+    def push_all(self, events: list[TokenEvent]) -> None:
+        """push() for a round's events when no stop string is watched: each gets its text, and all
+        are released."""
+        assert not self.stop
+        decode, piece = self._decoder.decode, self.model.token_bytes
+        for e in events:
+            e.text = decode(piece(e.token))
+        self.text_parts.extend([e.text for e in events])
+        self.tokens.extend([e.token for e in events])
+
     def _release_chars(self, n_chars: int, keep_rest: bool = False) -> list[TokenEvent]:
         out, used = [], 0
         while self._held:
