@@ -13,6 +13,9 @@ T_v is measured per batch size; `verify_curve` is the one rule for the sizes not
 of a batch also attends to the tokens already cached, so T_v grows with the cache's length: each
 size's samples are brought to the length at hand with what a cached token costs that size
 (`attention_slopes`) before their median is taken.
+
+Tunings: every constant below, its value, what it does and the measurement behind it are in
+docs/tuning.md; their history is in lab/history.md.
 """
 
 from __future__ import annotations
@@ -29,11 +32,10 @@ import numpy as np
 # optimistic (GPUs are nearly flat), so that auto tries larger batches and measures them.
 OPTIMISTIC_SLOPE = 0.05
 # With only T_v(1) measured, the extra cost of each further token in a batch, as a share of T_v(1),
-# until a batch is measured. On a GPU a batch costs nearly what one token does. On a CPU each token of
-# a batch costs about half of one alone or more (Gemma 3 270M Q4_K_M on 2 cores: 2 tokens 2.2x,
-# 9 tokens 5.4x; F32 tiny models ~0.6x per token): assuming GPU-flat batches there made a draft as
-# dear as the target look worth trying for a whole first generation. A sure, cheap draft still pays
-# at 0.5 (n-gram lookup, a 0.5B draft of a 7B target), so auto drafts and measures the real curve.
+# until a batch is measured. On a GPU a batch costs nearly what one token does; on a CPU each token of
+# a batch costs about half of one alone or more, and GPU-flat batches would make a draft as dear as
+# the target look worth trying. A sure, cheap draft still pays at 0.5, so auto drafts and measures
+# the real curve.
 FIRST_STEP_GPU = OPTIMISTIC_SLOPE
 FIRST_STEP_CPU = 0.5
 # A larger batch is verified in place of a smaller one only when its measured cost is below this share
@@ -48,28 +50,35 @@ MIN_PAIRS = 6
 POSITION_STEP = 16
 # A verify sample this many times dearer than one of the same size taken with at least as many cached
 # tokens was slowed by something else on the machine (load only slows a decode down). Kept, such
-# samples priced a size out for good: a burst of load during one process left T_v(3) and T_v(4) at
-# 113 and 153 ms in the cost file (quiet: 66 and 73), auto stopped verifying those sizes, so nothing
-# ever replaced them, and the next processes drafted at 0.86 of k = 3 instead of 0.97.
+# samples would price a size out for good: auto would stop verifying it, so nothing would replace them.
 BURST = 1.5
 # Warm draft steps (or looks) this process must have timed before their median stops auto looking at
-# a drafter for good. On an H100 a 39M draft of a 152k-vocabulary pair costs 0.33 ms a step, a seventh
-# of its target's token, yet auto drafted nothing in 20 generations and looked almost never (0.98x of
-# plain, where k = 4 gave 1.22x): the hopeless verdict, which only a step cost near the target's can
-# give. The first steps of each new shape (CUDA graphs built) fit that; one taken for the cost was
-# enough. (Found from the device check's figures; the fix is not yet measured on a GPU.)
+# a drafter for good: the first steps of each new shape (a GPU's graphs built) cost many warm ones,
+# and one of them taken for the step's cost could give the hopeless verdict to a cheap draft.
 SETTLED_SAMPLES = 3
 # A decode whose process got less CPU time than this share of the best this process has had (CPU time
 # over wall time, `CostModel.observe_verify`) ran while other work took its cores: it prices a batch
-# size only where no decode with the full share has, and never above what those predict. On 2 cores
-# (AMD EPYC, Gemma 3 270M, 2 threads) a quiet single-token decode took 9.9 ms at 1.98 CPU seconds a
-# second; beside other agents' jobs, at 1.0, 0.5 to 2.2 s (llama.cpp's threads spin at each barrier
-# for one the OS has put aside). Kept in the cost file, such a spell's verify of 6 tokens at 27x one
-# token stopped every later process from drafting.
+# size only where no decode with the full share has, and never above what those predict. Starved,
+# llama.cpp's threads spin at each barrier for one the OS has put aside, and a decode slows far more
+# than its share falls; kept, such a spell's costs would stop later processes from drafting.
 STARVED = 0.7
 # A restored (carried) batch size that no process has measured again is forgotten after this many
 # processes have carried it.
 CARRIED_AGE = 4
+# Recent verify samples kept per batch size: their median resists bursts of machine load.
+WINDOW = 9
+# The verify curve is predicted again every this many samples (and whenever a new size is measured):
+# a round on a tiny model takes well under a millisecond, and the curve is read every round.
+REFRESH = 8
+# `specli bench`'s measured curve (`prime_verify`) counts as this many of a size's WINDOW samples: the
+# process's own decodes of that size soon outvote it.
+PRIMED_WEIGHT = 3
+# A size's median brought to another cache length never falls below this share of its cheapest sample:
+# the slope it is brought there with is an estimate.
+MEDIAN_FLOOR = 0.1
+# Per observation, the decayed mean of a draft step's (or a look's) cost forgets at this rate, until
+# SETTLED_SAMPLES warm ones give a median.
+DRAFT_DECAY = 0.9
 
 
 def expected_tokens(a1: float, a2: float, k: int) -> float:
@@ -94,9 +103,8 @@ def run_cost(verify: np.ndarray, i: int, n: np.ndarray, c_draft: float) -> np.nd
     draft step that shows position i (whoever decides to take a step prices it: `decide` the first,
     the gate's `look` each later one): the larger verify batch, T_v(i+n+1) - T_v(i+1), and the n - 1
     steps that show positions i+1 .. i+n-1 (`verify`: T_v(1..), index m - 1). The step after the
-    last drafted position is not taken unless it is worth it: priced here too, each round ended one
-    draft decode later than a fixed k (a 150k-vocabulary pair at T 1: 3.8 decodes a round against
-    3.0), and priced twice (here and by `look`), auto drafted 2 where k = 3 was 3 % faster."""
+    last drafted position is not taken unless it is worth it, and not priced here: each step is
+    priced once, by whoever decides to take it (priced twice, auto drafts too short)."""
     return verify[i + n] - verify[i] + (n - 1) * c_draft
 
 
@@ -209,7 +217,7 @@ class CostModel:
     machine with these models (it outlives a generation; acceptance, which describes the text, does
     not live here)."""
 
-    window: int = 9  # recent samples per batch size; their median resists bursts of machine load
+    window: int = WINDOW  # recent samples per batch size
     first_step: float = FIRST_STEP_CPU  # verify_curve's assumption until a batch is measured
     # Per batch size, recent (seconds, position) samples this process measured with its full share of
     # the CPU: position, the tokens in the cache before it.
@@ -226,9 +234,8 @@ class CostModel:
     # source -> [seconds, looks], decayed: a round that asked the drafter and drafted nothing (a shadow)
     look: dict[str, list[float]] = field(default_factory=dict)
 
-    # The curve is recomputed when a new size is measured or every `refresh` samples: a round on a
-    # tiny model takes well under a millisecond, and this runs every round.
-    refresh: int = 8
+    # The curve is recomputed when a new size is measured or every `refresh` samples (REFRESH).
+    refresh: int = REFRESH
     _curve: list[float] | None = field(default=None, repr=False)  # predicted at _position
     _draft_seen: set[str] = field(default_factory=set, repr=False)
     _look_seen: set[str] = field(default_factory=set, repr=False)
@@ -303,7 +310,8 @@ class CostModel:
         self.look.update(slots["look"])
         self._refit(self._position)
 
-    def prime_verify(self, seconds: Mapping[int, float], position: int = 0, weight: int = 3) -> None:
+    def prime_verify(self, seconds: Mapping[int, float], position: int = 0,
+                     weight: int = PRIMED_WEIGHT) -> None:
         """Take T_v(m) measured elsewhere (`specli bench`'s curve, after `position` cached tokens) as
         `weight` samples of each size, in place of what was known of those sizes."""
         for m, s in seconds.items():
@@ -338,7 +346,7 @@ class CostModel:
 
         def median(samples: Sequence[tuple[float, int]], m: int) -> float:
             kept = unhurried(samples)
-            return max(0.1 * min(s for s, _ in kept),
+            return max(MEDIAN_FLOOR * min(s for s, _ in kept),
                        statistics.median(s + self.slopes.get(m, 0.0) * (position - p) for s, p in kept))
 
         own = {m: median(samples, m) for m, samples in self.verify.items()}
@@ -414,14 +422,14 @@ class CostModel:
             self._forget_other_samples(m)
             self._refit(self._position)
 
-    def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = 0.9) -> None:
+    def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = DRAFT_DECAY) -> None:
         # A model's first single-token decodes build their graphs: on a small draft that can take
         # 10x a warm step, and a cost that high would stop auto from ever drafting again.
         # A cold step (a new shape: on a GPU a CUDA graph built) may cost many warm ones: medians.
         _observe_warm(self.draft, self._draft_seen, source, seconds, tokens, decay,
                       self._draft_recent.setdefault(source, deque(maxlen=self.window)))
 
-    def observe_look(self, source: str, seconds: float, decay: float = 0.9) -> None:
+    def observe_look(self, source: str, seconds: float, decay: float = DRAFT_DECAY) -> None:
         _observe_warm(self.look, self._look_seen, source, seconds, 1.0, decay,  # the first: cold, as above
                       self._look_recent.setdefault(source, deque(maxlen=self.window)))
 
@@ -486,10 +494,8 @@ def attention_slopes(verify: Mapping[int, Sequence[tuple[float, int]]]) -> dict[
     samples MIN_SPREAD tokens apart, the median of their slopes weighted by how far apart they are
     (robust to bursts of load); for the others, interpolated between the nearest fitted sizes below
     and above (scaled down from the smallest above; the largest below's above it, which does not
-    guess what a kernel change makes of large batches); none fitted, none. A 630M Qwen2-shaped target
-    on 2 cores: T_v(4) 60 ms after 16 cached tokens, 86 after 512, 164 after 2048, about 13 us a row
-    and token up to 32 rows, but T_v(64) 389 ms after 16 and 464 after 1024 (another kernel). Sizes
-    measured on a short prompt looked cheap on a long one, and auto switched k from 3 to 1 and back."""
+    guess what a kernel change makes of large batches); none fitted, none. Without it, sizes measured
+    on a short prompt look cheap on a long one (figures: docs/tuning.md, MIN_SPREAD)."""
     fitted: dict[int, float] = {}
     for m, samples in verify.items():
         if len(samples) < 2:

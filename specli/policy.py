@@ -39,9 +39,9 @@ what it was worth on earlier prompts only starts the next one as a light prior (
 The cost model also outlives the process (specli.costcache). A fixed k drafts every position
 whatever the draft's doubts.
 
-Tunings: each constant's effect, measured by replaying the policy with it moved, and the verdict
-(kept because it matters, or dropped within noise) are in docs/performance.md ("The tunings of
--k auto"); the constants below carry only why they exist.
+Tunings: every constant below, its value, what it does and the measurement behind it are in
+docs/tuning.md (the replays that moved each one: docs/performance.md, "The tunings of -k auto");
+the constants carry only why they exist, and their history is in lab/history.md.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from specli.drafters.base import DraftGate
 from specli.events import Holdback
 from specli.sampling import SamplingParams
 
-# The tunings below and their measured effect: docs/performance.md, "The tunings of -k auto".
+# The tunings below, their values and what measured them: docs/tuning.md.
 HORIZON = 64 + 1  # batch sizes the gate prices: the longest draft a round makes (settings.MAX_DRAFT_K)
 FREE_LOOK = 0.01  # a draft step under this share of a target token is free: the gate judges every round
 RECHECK_EVERY = 16  # a hopeless source looks again in one generation of this many (the load may change)
@@ -84,6 +84,14 @@ TEXT_PRIOR_WEIGHT = 0.5
 
 # Positions a gate lets through before a verify batch and a draft step have been measured.
 UNMEASURED_DRAFT = 2
+# A bin's acceptance is used capped below 1: a sure run still ends somewhere.
+ACCEPTANCE_CAP = 0.999
+# Per observation, a bin's acceptance and its transitions forget at this rate: they describe the pair
+# of models (or the kind of text) and change slowly.
+CALIBRATION_DECAY = 0.98
+# Per round, the first-position histogram forgets at this rate: it describes the text, which it
+# follows within ~10 rounds.
+FIRST_DECAY = 0.9
 # Confidence bins: finer near 1, where a draft that knows the text puts most of its tokens.
 _CONFIDENCE_EDGES = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98])
 _CONFIDENCE_MIDS = np.convolve(np.concatenate(([0.0], _CONFIDENCE_EDGES, [1.0])), [0.5, 0.5], "valid")
@@ -130,13 +138,12 @@ class Calibration:
 
     def acceptances(self) -> np.ndarray:
         """The acceptance of every bin (capped below 1: a sure run still ends somewhere)."""
-        return np.minimum(self._estimates(), 0.999)
+        return np.minimum(self._estimates(), ACCEPTANCE_CAP)
 
     def _estimates(self) -> np.ndarray:
         # With `borrow`, a bin's prior is its own confidence, or what a less confident bin has learned
         # if that is more: a surer proposal is not taken to be accepted less often until its own
-        # rounds say so. (After a fork in a copy-edit, n-gram lookup's confidence moved from 0.5,
-        # learned at 0.99, to 0.67, whose prior of 0.65 kept four rounds plain and three short.)
+        # rounds say so (a copy resumes at once after a fork; lab/history.md).
         own = self.accepted / self.seen
         if not self.borrow:
             return own
@@ -151,13 +158,14 @@ class Calibration:
         self.seen *= scale
         self.prior *= scale
 
-    def observe(self, confidence: float, acceptance: float, decay: float = 0.98) -> None:
+    def observe(self, confidence: float, acceptance: float, decay: float = CALIBRATION_DECAY) -> None:
         b = self.bin(confidence)
         self.accepted[b] = decay * self.accepted[b] + acceptance
         self.seen[b] = decay * self.seen[b] + 1.0
         self.prior[b] *= decay
 
-    def observe_after(self, confidence: float, next_confidence: float, decay: float = 0.98) -> None:
+    def observe_after(self, confidence: float, next_confidence: float,
+                      decay: float = CALIBRATION_DECAY) -> None:
         """A position with `confidence` was followed by one with `next_confidence` in a draft."""
         row = self.after[self.bin(confidence)]
         row *= decay
@@ -167,7 +175,7 @@ class Calibration:
         """P(the next position's bin | this one's), one row per bin."""
         return self.after / self.after.sum(axis=1, keepdims=True)
 
-    def observe_first(self, confidence: float, decay: float = 0.9) -> None:
+    def observe_first(self, confidence: float, decay: float = FIRST_DECAY) -> None:
         self.first *= decay
         self.first[self.bin(confidence)] += 1.0
         self.last_first = confidence
@@ -188,7 +196,7 @@ class Calibration:
             raise ValueError("a calibration of another shape, or negative")
         (last_first,) = record["last_first"]
         after = np.eye(len(_CONFIDENCE_MIDS))
-        if "after" in record:  # (kept since 2026-11-26; earlier files start from the prior)
+        if "after" in record:  # older files lack it: they start from the prior
             after = np.asarray(record["after"], dtype=float).reshape(after.shape)
             if not np.isfinite(after).all() or (after < 0).any() or (after.sum(axis=1) <= 0).any():
                 raise ValueError("a calibration's transitions negative or empty")
@@ -213,10 +221,9 @@ class Learned:
     Acceptance depends on the sampling settings too (`regime`): `calibration` is the current regime's,
     and `enter` switches to another's, as it was left (what an earlier process saved, `restore`, or
     nothing yet). A draft model's calibration describes the pair of models and is what a later
-    process starts from (`to_record`, kept by specli.costcache): a fresh `specli run` began with each
-    confidence taken at its face value (0.15 where 0.7 was right on a 150k pair at T 1) and its first
-    ~10 rounds drafted 0-1 tokens. A calibration whose confidence is the text's (n-gram lookup) is not
-    kept: the next process's text is another."""
+    process starts from (`to_record`, kept by specli.costcache), instead of taking each confidence at
+    its face value for its first rounds. A calibration whose confidence is the text's (n-gram lookup)
+    is not kept: the next process's text is another."""
 
     calibration: dict[str, Calibration] = field(default_factory=dict)
     hopeless: dict[str, int] = field(default_factory=dict)
@@ -325,13 +332,13 @@ def worth_looking(inputs: GateInputs, i: int, previous: float, survival: float, 
     `previous`, and all before pass with chance `survival`) is worth its cost: what drafting on from
     i gains, over the confidences the next position is likely to have (`GateInputs.next_bins`), each
     the best length chosen or none, against the step, at the reference rate. Taking the step and
-    letting the gate refuse what it finds cost a 150k-vocabulary pair one draft decode a round (3 %
-    of it) that a fixed k never pays."""
+    letting the gate refuse what it finds would cost a draft decode a round that a fixed k never
+    pays."""
     if min(k - i, len(inputs.verify) - 1 - i) < 1:
         return False
     if inputs.next_bins is None:
         return True
-    f = np.minimum(inputs.acceptances, 0.999)  # each bin's, the best length chosen for each
+    f = np.minimum(inputs.acceptances, ACCEPTANCE_CAP)  # each bin's, the best length chosen for each
     net = best_net_gain(survival * f, f, inputs.verify, i, k - i, inputs.c_draft, inputs.rate)
     chances = inputs.next_bins[Calibration.bin(previous)]
     return float(chances @ np.maximum(net, 0.0)) > inputs.rate * inputs.c_draft
@@ -347,7 +354,7 @@ def best_prefix(inputs: GateInputs, confidences: Sequence[float]) -> int:
     if n_max == 0:
         return 0
     f = np.minimum(inputs.acceptances[np.searchsorted(_CONFIDENCE_EDGES, confidences[:n_max], side="right")],
-                   0.999)
+                   ACCEPTANCE_CAP)
     value = np.cumsum(np.cumprod(f)) - inputs.rate * run_cost(inputs.verify, 0, np.arange(1, n_max + 1),
                                                               inputs.c_draft)
     best = int(np.argmax(value))
@@ -465,9 +472,7 @@ class AutoK(DraftPolicy):
     def _calibration(self, source: str) -> Calibration:
         cal = self.learned.calibration.get(source)
         if cal is None:
-            # Borrowing is measured for n-gram lookup (Gemma, fresh processes: copy-edit 1.07x, story
-            # 1.06x, the rest 0.99-1.01x at T 0); for a draft model it is not (the 150k pair at T 1
-            # drifted within noise, story 0.84 of k = 3 against 0.92).
+            # Borrowing pays for n-gram lookup, not for a draft model (docs/tuning.md).
             cal = self.learned.calibration[source] = Calibration.starting(source in self.text_sources)
         return cal
 
@@ -489,16 +494,14 @@ class AutoK(DraftPolicy):
         rate = max(1.0 / verify[0], tokens / seconds if tokens >= RATE_TOKENS else 0.0)
         acceptances = self._calibration(source).acceptances()
         # But no more than the best rate a round can be expected to give (each draft at the best
-        # acceptance learned): after rounds faster than the verify curve's medians, a reference rate
-        # above every option priced a sure 64-token copy of a 150k-vocabulary target at a loss, and
-        # the round went plain (47 ms for 1 token where 64 took 450 ms).
+        # acceptance learned): a reference rate above every option prices even a sure long copy at a
+        # loss.
         rate = min(rate, best_rate(float(acceptances.max()), verify, c_draft, c_pass=c_pass,
                                    n_max=block or None))
         if self.left is not None and self.left <= len(verify):
             # Near the output's end the time to come is that of the tokens left, at best all in one
             # batch: priced at the recent rate (after long copies, several times plain decoding), a
-            # draft of the last tokens looked dear and they were decoded one by one (the last ~45 of a
-            # 152k-vocabulary target's copy: 10 plain rounds, a fifth of the generation).
+            # draft of the last tokens looks dear and they are decoded one by one.
             rate = min(rate, max(1.0 / verify[0], END_SHARE * self.left / verify[self.left - 1]))
         return GateInputs(verify, c_draft, rate, acceptances, self._calibration(source).next_bins(), c_pass,
                           block or None)
@@ -551,7 +554,7 @@ class AutoK(DraftPolicy):
             if expected <= price:
                 if not self.costs.draft_settled(source):
                     # Priced by a step or two that may be cold (a GPU's graph building): look again
-                    # each round, which times more steps, before any verdict (SETTLED_SAMPLES).
+                    # each round, which times more steps, before any verdict (costs.SETTLED_SAMPLES).
                     self._plan = "unmeasured"
                     return self._plain(look=True)
                 if float(worth.max()) <= price:
@@ -584,9 +587,8 @@ class AutoK(DraftPolicy):
         # Shadow every plain round when drafting is cheap, less often when not, so that shadows cost
         # at most ~SHADOW_SHARE of plain decoding (at least every MAX_SHADOW_GAP rounds: the draft
         # cost itself is learned from these). A shadow costs what a look costs (the draft catching
-        # up on the plain tokens since the last one, its step, its draw): priced by the draft step
-        # alone, a weak 150k-vocabulary draft at T 1 looked every 3-4 rounds at ~20 % of a target
-        # token each (the catch-up reads the draft's weights back after the target's evicted them).
+        # up on the plain tokens since the last one, its step, its draw), not the draft step alone:
+        # the catch-up reads the draft's weights back after the target's evicted them.
         cost = max(inputs.pass_cost, self.costs.look_seconds(source) or 0.0)
         gap = min(MAX_SHADOW_GAP, max(1, math.ceil(cost / inputs.verify[0] / SHADOW_SHARE)))
         return self.plain_rounds % gap == 0
@@ -664,7 +666,7 @@ class AutoK(DraftPolicy):
         verify = inputs.verify
         t1 = float(verify[0])
         cal = self._calibration(source)
-        acceptances = np.minimum(cal.acceptances(), 0.999)
+        acceptances = np.minimum(cal.acceptances(), ACCEPTANCE_CAP)
         if cause == "hopeless" or cal.first.sum() <= 0:
             weights = np.zeros(len(acceptances))
             weights[-1] = 1.0  # the surest band
