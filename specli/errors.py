@@ -19,10 +19,13 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = signals.EXIT_INTERRUPTED  # 130; SIGTERM: 143 (specli.signals)
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_RUNTIME", "EXIT_USAGE", "UsageProblem", "fail", "friendly_errors"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_RUNTIME", "EXIT_USAGE", "UsageProblem", "debug_enabled", "fail",
+           "friendly_errors"]
 
 
 def debug_enabled() -> bool:
+    """Whether tracebacks are shown (`specli --debug`, which sets SPECLI_DEBUG=1): SPECLI_DEBUG set to
+    anything but "" or "0". The one reading of the variable (the CLI's errors, serve's log lines)."""
     return os.environ.get("SPECLI_DEBUG", "") not in ("", "0")
 
 
@@ -40,23 +43,14 @@ def fail(message: str, code: int = EXIT_RUNTIME) -> typer.Exit:
 @contextmanager
 def friendly_errors() -> Iterator[None]:
     """Known failures become `specli: error: ...` and an exit code; tracebacks only with --debug."""
+    # Imported here, not with the module: loading the CLI (--help) does not load them.
     from specli.compat import VocabMismatchError
+    from specli.config import ConfigError
+    from specli.gguf_info import GGUFError
     from specli.llama import LlamaError
     from specli.sampling import SamplingError
 
-    known: tuple[type[BaseException], ...] = (VocabMismatchError, LlamaError, SamplingError, OSError)
-    try:
-        from specli.gguf_info import GGUFError
-
-        known += (GGUFError,)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from specli.config import ConfigError
-
-        known += (ConfigError,)
-    except ImportError:  # pragma: no cover
-        pass
+    known = (VocabMismatchError, LlamaError, SamplingError, OSError, GGUFError, ConfigError)
     try:
         yield
     except (typer.Exit, typer.Abort):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import signal
 import socket
 import sys
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from specli.errors import debug_enabled
 from specli.serve.app import ServeOptions, Service, create_app
 from specli.serve.bodies import MAX_BODIES_IN_FLIGHT
 from specli.serve.connections import (
@@ -119,15 +119,15 @@ class _Server(uvicorn.Server):
 
 class OneLineLog(logging.Handler):
     """uvicorn's and asyncio's log records as one line each on stderr, without tracebacks (unless
-    SPECLI_DEBUG is set), and the same message at most once per QUIET_SECONDS (a flood of one error,
-    e.g. from a client that misbehaves in a loop, is one line and a count)."""
+    --debug: `debug_enabled`), and the same message at most once per QUIET_SECONDS (a flood of one
+    error, e.g. from a client that misbehaves in a loop, is one line and a count)."""
 
     QUIET_SECONDS = 10.0
 
     def __init__(self, say: Callable[[str], None]) -> None:
         super().__init__(logging.WARNING)
         self.say = say
-        self.debug = bool(os.environ.get("SPECLI_DEBUG"))
+        self.debug = debug_enabled()
         self.last: dict[str, tuple[float, int]] = {}  # message -> (when it was last shown, repeats since)
 
     def emit(self, record: logging.LogRecord) -> None:
