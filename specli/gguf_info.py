@@ -259,17 +259,9 @@ class GGUFInfo:
     missing_shards: list[Path] = field(repr=False, default_factory=list)
 
     @property
-    def has_chat_template(self) -> bool:
-        return bool(self.chat_template)
-
-    @property
     def all_tensors(self) -> list[TensorInfo]:
         """The tensors of this file and of the other parts of a split model."""
         return self.tensors + [t for shard in self.shards for t in shard.tensors]
-
-    @property
-    def total_size(self) -> int:
-        return self.file_size + sum(shard.file_size for shard in self.shards)
 
 
 def human_count(n: int | None) -> str:

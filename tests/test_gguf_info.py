@@ -56,7 +56,7 @@ def test_valid_file_fields(tmp_path: Path) -> None:
     assert info.vocab_size == N_VOCAB
     assert info.tokenizer_model == "llama"
     assert (info.bos_token_id, info.eos_token_id) == (1, 2)
-    assert info.has_chat_template and "messages" in (info.chat_template or "")
+    assert info.chat_template and "messages" in info.chat_template
     assert info.file_type == 0 and info.quantization == "F32"
     assert info.n_tensors == 4
     assert info.n_params == N_VOCAB * 16 + 16 + 2 * 16
@@ -510,7 +510,8 @@ def test_split_model_reads_all_parts(tmp_path: Path) -> None:
     info = validate_gguf(first)
     assert info.split_count == 2 and [s.path for s in info.shards] == [second]
     assert info.n_params == N_VOCAB * 16 + 3 * 16
-    assert info.total_size == first.stat().st_size + second.stat().st_size
+    sizes = [info.file_size, *(s.file_size for s in info.shards)]
+    assert sizes == [first.stat().st_size, second.stat().st_size]
 
 
 def test_split_model_later_part_given(tmp_path: Path) -> None:
