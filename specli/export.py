@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specli.drafters.ngram import LONG_N
+from specli.drafters.ngram import LONG_N, N_MAX, N_MIN
 from specli.drafters.registry import NGRAM_LOOKUP, DrafterKind, drafter_kind
 from specli.llama import TILED_MM_VARIABLE, cpu_has_amx
 from specli.settings import AUTO, MAX_DRAFT_K, RunSettings, UsageProblem
@@ -31,10 +31,9 @@ ENGINES = ("llama-server", "vllm", "sglang")
 # -k auto has no equivalent anywhere: without a bench to say better, this k (the middle of bench's
 # default list 1,2,4,8, and close to what bench measures best for small pairs on a CPU).
 DEFAULT_EXPORT_K = 4
-# specli's n-gram lookup follows LONG_N-token matches, else tries the longest match of 4 down to 1
-# tokens (drafters/ngram.py). vLLM's prompt lookup does the latter (prompt_lookup_max/min);
-# llama-server's ngram-simple matches one length.
-NGRAM_LOOKUP_MAX, NGRAM_LOOKUP_MIN = 4, 1
+# specli's n-gram lookup follows LONG_N-token matches, else tries the longest match of N_MAX down to
+# N_MIN tokens (drafters/ngram.py). vLLM's prompt lookup does the latter (prompt_lookup_max/min);
+# llama-server's ngram-simple matches one length, this one.
 LLAMA_SERVER_NGRAM_LOOKUP = 3
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
 
@@ -207,12 +206,12 @@ def _llama_server(spec: ExportInput, drafter: Drafting | None, k: int, host: str
             types.append(NGRAM_LOOKUP.equivalents.llama_server)
         types.append(drafter.kind.equivalents.llama_server)
     argv += ["--spec-type", ",".join(types) or "none", "--spec-draft-n-max", str(k)]
-    if "ngram-simple" in types:
+    if NGRAM_LOOKUP.equivalents.llama_server in types:
         # ngram-simple drafts up to size-m tokens after a size-n match (llama.cpp common/ngram-map.cpp)
         argv += ["--spec-ngram-simple-size-n", str(LLAMA_SERVER_NGRAM_LOOKUP),
                  "--spec-ngram-simple-size-m", str(k)]
         notes.append(f"n-gram lookup: specli follows a {LONG_N}-token match for up to {MAX_DRAFT_K} tokens, "
-                     f"else the longest of the last {NGRAM_LOOKUP_MAX}...{NGRAM_LOOKUP_MIN} tokens; "
+                     f"else the longest of the last {N_MAX}...{N_MIN} tokens; "
                      f"llama-server's ngram-simple matches exactly {LLAMA_SERVER_NGRAM_LOOKUP} "
                      "(--spec-ngram-simple-size-n); on long copies its --spec-type ngram-mod at its "
                      "defaults was the fastest of its types (lab/history.md)")
@@ -302,8 +301,8 @@ def _vllm(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
         if draft is not None:
             config["model"] = draft
         config["num_speculative_tokens"] = k
-        if method == "ngram":  # vLLM's prompt lookup: the match lengths specli's lookup tries
-            config |= {"prompt_lookup_max": NGRAM_LOOKUP_MAX, "prompt_lookup_min": NGRAM_LOOKUP_MIN}
+        if method == NGRAM_LOOKUP.equivalents.vllm:  # vLLM's prompt lookup: the lengths specli's tries
+            config |= {"prompt_lookup_max": N_MAX, "prompt_lookup_min": N_MIN}
         argv += ["--speculative-config", json.dumps(config)]
     if drafter is not None and method is None:
         notes.append(f"vLLM has no equivalent of {drafter.kind.description.split(':')[0]} "
@@ -339,7 +338,7 @@ def _sglang(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
         argv += ["--speculative-algorithm", algorithm]
         if draft is not None:
             argv += ["--speculative-draft-model-path", draft]
-        if algorithm == "NGRAM":
+        if algorithm == NGRAM_LOOKUP.equivalents.sglang:
             # NGRAM verifies a tree of candidates: the draft tokens per round are its size
             argv += ["--speculative-num-draft-tokens", str(k + 1)]
             notes.append("SGLang's NGRAM speculation runs on CUDA only")

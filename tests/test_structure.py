@@ -132,6 +132,28 @@ def test_every_registered_drafter_is_described_coloured_and_offered(name: str) -
     assert kind.description.split(":")[0] in help_text or not kind.reserved
 
 
+def test_each_drafter_class_is_named_as_its_registry_entry() -> None:
+    """The classes state their names themselves (importing the registry, which builds them, would be
+    an import circle): each must be its entry's, and its tokens carry it (colour_of reads them)."""
+    from specli.drafters.model import DraftModelDrafter
+    from specli.drafters.mtp import MTPDrafter
+    from specli.drafters.ngram import NGramDrafter
+    from specli.drafters.registry import DRAFT_MODEL, NGRAM_LOOKUP
+
+    pairs = ((DraftModelDrafter, DRAFT_MODEL), (NGramDrafter, NGRAM_LOOKUP), (MTPDrafter, DRAFTERS["mtp"]))
+    for cls, kind in pairs:
+        assert cls.name == kind.name and [source.name for source in cls.sources] == [kind.name]
+
+
+def test_the_policy_prices_the_longest_round() -> None:
+    """policy.HORIZON restates settings.MAX_DRAFT_K + 1 (the policy cannot import settings without a
+    circle through the engine): they must agree."""
+    from specli.policy import HORIZON
+    from specli.settings import MAX_DRAFT_K
+
+    assert HORIZON == MAX_DRAFT_K + 1
+
+
 @pytest.mark.parametrize("name", RESERVED_NAMES)
 def test_reserved_drafter_names_cannot_name_a_model(name: str, tmp_path: Path) -> None:
     from specli.config import ConfigError, load_config

@@ -54,8 +54,8 @@ class MTPDrafter(CatchingUpDrafter):
     p_min: stop drafting in a round when the MTP head's top probability for the next position falls
     below it (llama.cpp's --draft-p-min)."""
 
-    name = "mtp"
-    sources = (Source("mtp"),)
+    name = "mtp"  # its registry name (specli.drafters.registry)
+    sources = (Source(name),)
 
     def __init__(self, target: Model, *, p_min: float = 0.0) -> None:
         self.target = target

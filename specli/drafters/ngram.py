@@ -28,8 +28,11 @@ import time
 from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition, Source
 from specli.sampling import Sampler
 
+# The n-gram orders counted, longest first (what `specli export` tells other engines' prompt lookup).
+N_MAX, N_MIN = 4, 1
 # A continuation is used when seen at least this often and taking this share of what followed the
-# n-gram (index n - 1; llama.cpp's lookup uses the same lax thresholds for its context cache).
+# n-gram (index n - 1, one per order up to N_MAX; llama.cpp's lookup uses the same lax thresholds for
+# its context cache).
 _MIN_COUNT = (2, 2, 1, 1)
 _MIN_SHARE = (0.66, 0.5, 0.5, 0.5)
 # Long copies: occurrences of the last LONG_N tokens are followed; a match is measured up to MAX_MATCH
@@ -42,10 +45,10 @@ MAX_OCCURRENCES = 16
 
 
 class NGramDrafter(Drafter):
-    name = "ngram"
-    sources = (Source("ngram", confidence_of_text=True),)
+    name = "ngram"  # its registry name (specli.drafters.registry)
+    sources = (Source(name, confidence_of_text=True),)
 
-    def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
+    def __init__(self, n_max: int = N_MAX, n_min: int = N_MIN) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
         self.n_max, self.n_min = n_max, n_min
