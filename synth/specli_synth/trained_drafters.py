@@ -62,6 +62,8 @@ from specli_synth.rope_heads import peak_weights, peaked_query_key, qk_norm_weig
 from specli_synth.vocab import Vocab, piece_vocab
 
 Weights = dict[str, Callable[[], np.ndarray]]
+# The heads' context (their context_length): their hand-built attention looks where it should over it.
+HEAD_CONTEXT = 4096
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,7 @@ def eagle3_weights(config: SynthModelConfig, factors: NgramFactors, sizes: Draft
     width = n_head * hd
     # Mostly the position itself, a little of the recent ones (as trained heads attend): a row a
     # rollback left behind moves the logits.
-    w = peak_weights(hd, config.rope_theta, 512, [0], margin=5.0)
+    w = peak_weights(hd, config.rope_theta, HEAD_CONTEXT, [0], margin=5.0)
     q, k = peaked_query_key(hd, w, 0, config.rope_theta)
 
     def fc() -> np.ndarray:
@@ -309,7 +311,7 @@ def write_eagle3(path: str | Path, config: SynthModelConfig, factors: NgramFacto
     shape, weights = eagle3_weights(config, factors, sizes, vocab, structured=structured, seed=seed)
 
     def keys(writer: Any, arch: str) -> None:
-        add_attention_keys(writer, 4096, shape.n_embd, 1, shape.n_ff, shape.n_head, shape.n_head,
+        add_attention_keys(writer, HEAD_CONTEXT, shape.n_embd, 1, shape.n_ff, shape.n_head, shape.n_head,
                            shape.head_dim, config.rope_theta, 1e-6, key_length=True)
         writer.add_array(f"{arch}.target_layers", [int(i) for i in sizes.eagle3_layers])
         writer.add_uint32(f"{arch}.target_hidden_size", shape.n_embd_target)
@@ -443,7 +445,7 @@ def block_weights(config: SynthModelConfig, factors: NgramFactors, sizes: Drafte
     a, b = factor_scales(factors, d_t)
     key_dim = lay.ctx + tgt["const"]
     ctx_skip = lay.ctx + tgt["skip_start"]  # where a token's own skip factors sit (target layout)
-    w = peak_weights(hd, config.rope_theta, 512, list(range(1, block)), before=block, margin=12.0)
+    w = peak_weights(hd, config.rope_theta, HEAD_CONTEXT, list(range(1, block)), before=block, margin=12.0)
 
     def embedding() -> np.ndarray:
         def fill(emb: np.ndarray) -> None:
@@ -596,8 +598,8 @@ def write_block_drafter(path: str | Path, config: SynthModelConfig, factors: Ngr
     block = sizes.dspark_block if dspark else sizes.dflash_block
 
     def keys(writer: Any, arch: str) -> None:
-        add_attention_keys(writer, 4096, shape.n_embd, shape.n_layer, shape.n_ff, shape.n_head, shape.n_head,
-                           shape.head_dim, config.rope_theta, 1e-6, key_length=True)
+        add_attention_keys(writer, HEAD_CONTEXT, shape.n_embd, shape.n_layer, shape.n_ff, shape.n_head,
+                           shape.n_head, shape.head_dim, config.rope_theta, 1e-6, key_length=True)
         writer.add_uint32(f"{arch}.block_size", block)
         writer.add_array(f"{arch}.target_layers", [int(i) for i in sizes.dflash_layers])
         if dspark:
@@ -620,7 +622,7 @@ TINY_SIZES = DrafterSizes(eagle3_layers=(1, 2, 3), dflash_layers=(1, 3), draft_v
 
 # A target that costs on 2 CPU cores what Gemma 3 270M does (its vocabulary head most of a token): a
 # Qwen3 shape with Qwen3's 151,936 tokens, 12 layers 768 wide, Q8_0; random token statistics (no corpus
-# here has 152k tokens' worth of bigrams).
+# here has 152k tokens' worth of bigrams) whose likeliest next token has a median probability of ~0.4.
 BENCH_TARGET = SynthModelConfig(
     n_embd=768,
     n_layer=12,
@@ -630,18 +632,18 @@ BENCH_TARGET = SynthModelConfig(
     rank=64,
     skip_rank=16,
     seen_dims=8,
-    seen_penalty=4.0,
-    noise_gain=0.05,
+    seen_penalty=2.0,
+    noise_gain=0.02,  # 12 random blocks: a little noise each, as the tiny target's 2 at 0.05
     seed=31,
     name="specli-bench-target",
 )
 BENCH_VOCAB = 151_936
 # EAGLE-3's layers as the converter picks them without an explicit list ([2, L/2, L-3]).
 BENCH_SIZES = DrafterSizes(eagle3_layers=(2, 6, 9), dflash_layers=(1, 5, 9, 11), draft_vocab=32_000,
-                           n_ff=1024, dtype="q8_0", reduced=True)
+                           eagle3_noise=0.05, dflash_noise=0.05, n_ff=1024, dtype="q8_0", reduced=True)
 
 
-def random_factors(n_vocab: int, rank: int, skip_rank: int, seed: int, *, spread: float = 3.0,
+def random_factors(n_vocab: int, rank: int, skip_rank: int, seed: int, *, spread: float = 6.0,
                    skip_spread: float = 1.0, zipf: float = 1.1) -> NgramFactors:
     """Token statistics without a corpus: bigram and skip-bigram logits of standard deviation *spread*
     and *skip_spread* (random factors), a Zipf unigram over a random order of the tokens."""
