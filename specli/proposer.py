@@ -117,7 +117,9 @@ class DraftingProposer(Proposer):
         self._source = source if decision.k or decision.look else None
         if self._source is None:
             return Draft.empty(drafter.name)
-        return drafter.draft(context, max(decision.k, 1), self.policy.gate(source, decision))
+        # A block drafter's look decodes its whole block (held): what a pass costs is what it measures.
+        k = decision.k or self._block.get(source, 0) or 1
+        return drafter.draft(context, k, self.policy.gate(source, decision))
 
     def batch_size(self, m: int, m_max: int) -> int:
         size = self.policy.batch_size(m, m_max)
@@ -144,9 +146,8 @@ class DraftingProposer(Proposer):
             draft_seconds=result.draft_seconds - draft.catch_up_seconds,
             catch_up_seconds=draft.catch_up_seconds,
             verify_seconds=result.verify_seconds,
-            # A block drafter's pass is one step, however many of its positions were kept (a look's
-            # shorter block is priced as a look).
-            positions=(int(k > 0) if self._block.get(self._source or "") else
+            # A block drafter's pass is one step, however many of its positions were kept or held.
+            positions=(int(k > 0 or held is not None) if self._block.get(self._source or "") else
                        k + (held is not None) - draft.first_in_catch_up),
             confidence=draft.confidence,
             first_confidence=first,
