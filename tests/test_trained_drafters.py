@@ -390,3 +390,23 @@ def test_each_head_keeps_its_own_cost_file(trained_drafters) -> None:
             assert about["drafter"]["heads"][0][0].endswith("eagle3-random.gguf" if random else "eagle3.gguf")
             paths.add(costcache.cache_path(about))
     assert len(paths) == 2
+
+
+def test_bench_shows_a_block_drafters_pass_and_an_eagle3_steps_cost(trained_drafters, tmp_path: Path) -> None:
+    """`specli bench` with a trained head: a row per configuration as for any drafter, the verify curve,
+    and the draft's cost as the runs measured it (a head is no draft model the curve could time): per
+    pass for a block drafter, per token for EAGLE-3."""
+    for kind, unit in (("dspark", "pass"), ("eagle3", "ms/token")):
+        out = tmp_path / f"{kind}.json"
+        result = runner.invoke(app, ["bench", "-m", str(trained_drafters.target), "--draft",
+                                     str(head_file(trained_drafters, kind)), "-k", "2", "--temp", "0",
+                                     "-n", "24", "--repeat", "1", "-c", "512", "-t", "1", "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        text = " ".join(result.stdout.split())
+        assert f"draft {kind}.gguf (a trained" in text, text  # the header names the file and what it is
+        assert (f"draft: one {kind} pass" if kind == "dspark" else f"draft: {kind} ") in text
+        assert unit in text and "no model" not in text
+        document = json.loads(out.read_text())
+        assert document["models"]["drafter_block"] == (TINY_SIZES.dspark_block if kind == "dspark" else 0)
+        [config] = document["configs"]
+        assert config["c_pass_ms"] > 0 and config["acceptance_rate"] > 0.2

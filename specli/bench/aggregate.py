@@ -79,6 +79,7 @@ def _pooled(spec: list[RunRecord], curve: VerifyCurve | None) -> dict:
         "tokens_per_round": sum(r.n_generated for r in spec) / rounds if rounds else None,
         "mean_k": drafted / rounds if rounds else None,
         "c_draft_ms": None if c_draft is None else 1000 * c_draft,
+        "c_pass_ms": 1000 * draft_s / drafting_rounds if drafting_rounds else None,
         "draft_share": draft_s / gen if gen > 0 else None,
         "verify_share": verify_s / gen if gen > 0 else None,
         "other_share": max(0.0, 1 - (draft_s + verify_s) / gen) if gen > 0 else None,

@@ -30,6 +30,7 @@ def json_document(result: BenchResult) -> dict:
             "target": asdict(result.target) if result.target else None,
             "draft": asdict(result.draft) if result.draft else None,
             "drafter": result.drafter,
+            "drafter_block": result.drafter_block,
         },
         "options": {
             "ks": cfg.ks, "ks_capped": {str(k): v for k, v in result.k_capped.items()},

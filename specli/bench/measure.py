@@ -102,6 +102,8 @@ def run_bench(config: BenchConfig, *, progress: BenchProgress | None = None) -> 
         result.load_seconds = sum(m.load_seconds for m in (result.target, result.draft) if m is not None)
         result.drafter = loaded.drafter.name if loaded.drafter else "plain"
         if loaded.drafter is not None:
+            result.drafter_block = max((s.block for s in loaded.drafter.sources), default=0)
+        if loaded.drafter is not None:
             result.k_capped = config.cap_ks(loaded.target.max_rollback)
 
         tokenized = [loaded.speculator.tokenize(p.text) for p in prompts]

@@ -44,10 +44,12 @@ class VerifyCurve:
     def ratio(self, m: int) -> float:
         return self.ms(m) / self.ms(1)
 
-    def break_even_alpha(self, k: int, c_draft_ms: float) -> float | None:
+    def break_even_alpha(self, k: int, c_draft_ms: float, c_pass_ms: float | None = None) -> float | None:
         """The acceptance alpha at which drafting k tokens per round just matches plain decoding
-        (None: no alpha below 1 is enough, because the round costs more than k + 1 plain tokens)."""
-        t1, cost = self.ms(1), k * c_draft_ms + self.ms(k + 1)
+        (None: no alpha below 1 is enough, because the round costs more than k + 1 plain tokens).
+        Drafting costs k c_draft, or one pass c_pass for a block drafter."""
+        drafting = k * c_draft_ms if c_pass_ms is None else c_pass_ms
+        t1, cost = self.ms(1), drafting + self.ms(k + 1)
         if (k + 1) * t1 <= cost:
             return None
         lo, hi = 0.0, 1.0

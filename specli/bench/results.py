@@ -152,6 +152,7 @@ class ConfigResult:
     tokens_per_round: float | None
     mean_k: float | None
     c_draft_ms: float | None  # draft seconds per drafted token, as measured in the runs
+    c_pass_ms: float | None  # draft seconds per drafting round (a block drafter's pass), in the runs
     draft_share: float | None  # of speculative generation time
     verify_share: float | None
     other_share: float | None
@@ -191,6 +192,7 @@ class BenchResult:
     target: ModelInfo | None = None
     draft: ModelInfo | None = None  # None for ngram
     drafter: str = ""
+    drafter_block: int = 0  # positions one pass of a block drafter proposes (0: one pass per position)
     prompts: list[dict] = field(default_factory=list)  # name, kind, tokens
     load_seconds: float = 0.0
     warmup_seconds: float = 0.0

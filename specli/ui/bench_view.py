@@ -6,6 +6,7 @@ Consumes specli.bench's dataclasses only; never runs anything.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +32,7 @@ from specli.bench.aggregate import bench_notes
 from specli.bench.measure import BenchProgress
 from specli.bench.prediction import VerifyCurve
 from specli.bench.results import BenchResult, ConfigResult, Spread
+from specli.drafters.registry import DRAFTERS
 
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 # A prediction off from the measured speedup by more than this factor either way is not shown: it
@@ -179,7 +181,10 @@ def header(result: BenchResult) -> Panel:
         t.add_row("draft", Text(f"{Path(result.draft.path).name}  ({_count(result.draft.n_params)} params, "
                                 f"{_size(result.draft.file_bytes)})" + ("  + n-gram" if cfg.ngram else "")))
     else:
-        t.add_row("draft", f"{result.drafter} (prompt lookup, no model)")
+        kind = DRAFTERS.get(result.drafter)
+        what = kind.description if kind is not None else "no draft model"
+        name = result.drafter if kind is None or kind.reserved else Path(str(cfg.draft)).name
+        t.add_row("draft", Text(f"{name}  ({what})"))
     threads = result.target.n_threads if result.target else cfg.n_threads
     t.add_row("machine", f"{m.get('platform')} · {m.get('cpus_usable')} CPUs · {threads} thread"
                          f"{'' if threads == 1 else 's'} · "
@@ -193,10 +198,24 @@ def header(result: BenchResult) -> Panel:
     return Panel(t, title="specli bench", expand=False)
 
 
-def curve_table(curve: VerifyCurve, ks: list, *, width: int = 28) -> Table:
+def draft_costs(result: BenchResult) -> tuple[float | None, float | None]:
+    """(ms per drafted token, ms per block pass or None): the draft model's single-token decode the curve
+    timed, else what the runs' drafting rounds took (a trained head, a block drafter's pass)."""
+    curve, measured = result.curve, [c for c in result.configs if c.c_pass_ms is not None]
+    if result.drafter_block and measured:
+        return None, float(statistics.median(c.c_pass_ms for c in measured))
+    if curve is not None and curve.draft_ms_per_token is not None:
+        return curve.draft_ms_per_token, None
+    per_token = [c.c_draft_ms for c in result.configs if c.c_draft_ms is not None]
+    return (statistics.median(per_token) if per_token else None), None
+
+
+def curve_table(curve: VerifyCurve, ks: list, *, width: int = 28, c_draft: float | None = None,
+                c_pass: float | None = None) -> Table:
     """T_v(m) per batch size, its ratio to T_v(1) as a bar, and the acceptance at which k = m - 1
-    drafts per round would break even with plain decoding."""
-    c_draft = curve.draft_ms_per_token or 0.0
+    drafts per round would break even with plain decoding (drafting k at c_draft ms a token, or one
+    block pass of c_pass ms)."""
+    c_draft = c_draft if c_draft is not None else curve.draft_ms_per_token or 0.0
     table = Table(title="target verify cost by batch size m = k + 1", title_justify="left",
                   title_style="bold", show_edge=False, pad_edge=False)
     table.add_column("m", justify="right")
@@ -208,7 +227,7 @@ def curve_table(curve: VerifyCurve, ks: list, *, width: int = 28) -> Table:
     wanted = {int(k) for k in ks if k != "auto"}
     for p in curve.points:
         k = p.m - 1
-        be = curve.break_even_alpha(k, c_draft) if k else None
+        be = curve.break_even_alpha(k, c_draft, c_pass) if k else None
         if not k:
             be_text = Text("—", style="dim")
         elif be is None:
@@ -221,11 +240,18 @@ def curve_table(curve: VerifyCurve, ks: list, *, width: int = 28) -> Table:
     return table
 
 
-def curve_caption(curve: VerifyCurve, drafter: str) -> Text:
+def curve_caption(result: BenchResult) -> Text:
     t = Text(style="dim")
-    if curve.draft_ms_per_token is not None:
-        c = curve.draft_ms_per_token / curve.ms(1)
-        t.append(f"draft: {curve.draft_ms_per_token:.2f} ms/token = {c:.2f} × T_v(1). ")
+    curve, drafter = result.curve, result.drafter
+    assert curve is not None
+    per_token, per_pass = draft_costs(result)
+    if per_pass is not None:
+        t.append(f"draft: one {drafter} pass (a block of up to {result.drafter_block} positions) "
+                 f"{per_pass:.2f} ms = {per_pass / curve.ms(1):.2f} × T_v(1), in the runs' drafting rounds. ")
+    elif per_token is not None:
+        source = "" if curve.draft_ms_per_token is not None else ", in the runs"
+        t.append(f"draft: {drafter} {per_token:.2f} ms/token = {per_token / curve.ms(1):.2f} × T_v(1)"
+                 f"{source}. ")
     else:
         t.append(f"draft: {drafter} (no model, cost ≈ 0 in the break-even column). ")
     t.append("A flat curve (GPU) lets long drafts pay; a steep one (CPU) needs high acceptance.")
@@ -395,8 +421,9 @@ def render_bench(result: BenchResult, console: Console) -> None:
     console.print(header(result))
     if result.curve is not None:
         console.print()
-        console.print(curve_table(result.curve, result.config.ks))
-        console.print(curve_caption(result.curve, result.drafter))
+        per_token, per_pass = draft_costs(result)
+        console.print(curve_table(result.curve, result.config.ks, c_draft=per_token, c_pass=per_pass))
+        console.print(curve_caption(result))
     if result.configs:
         console.print()
         table = results_table(result)
