@@ -187,6 +187,9 @@ def colour_of(source: str) -> str:
 
 
 def draft_help() -> str:
-    """--draft's help: a draft model or one of the reserved names, each with its description."""
+    """--draft's help: a draft model, the trained heads a file may be, or one of the reserved names,
+    each with its description."""
     reserved = "; ".join(f"'{k.name}' ({k.description})" for k in DRAFTERS.values() if k.reserved)
-    return f"Draft: a .gguf path or a models.toml name (a draft model), or {reserved}."
+    heads = ", ".join(k.needs for k in DRAFTERS.values() if not k.reserved and not k.uses_model)
+    return (f"Draft: a .gguf path or a models.toml name (a draft model, or {heads}: the file says which), "
+            f"or {reserved}.")
