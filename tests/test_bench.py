@@ -20,11 +20,11 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specli.bench.aggregate import bench_notes, first_difference, iter_pairs
+from specli.bench.aggregate import bench_notes, first_difference
 from specli.bench.files import write_csv, write_json
 from specli.bench.measure import curve_sizes, run_bench
 from specli.bench.prediction import VerifyCurve, VerifyPoint, predicted_speedup
-from specli.bench.results import BenchResult, Spread
+from specli.bench.results import BenchResult, RunRecord, Spread
 from specli.bench.suite import (
     BUILTIN_PROMPTS,
     BenchConfig,
@@ -116,15 +116,31 @@ def test_runs_are_interleaved_in_pairs_with_one_seed(bench) -> None:
     assert len(set(next(iter(seeds.values())))) == 2 * len(PROMPTS)
 
 
+def complete_pairs(result: BenchResult) -> list[tuple[RunRecord, RunRecord]]:
+    """(plain, spec) of every complete pair, configuration by configuration, in execution order:
+    written here, apart from the aggregation the tests check."""
+    out = []
+    for temp in result.config.temps:
+        for k in result.config.ks:
+            by_pair: dict[int, dict[str, RunRecord]] = {}
+            for run in result.runs:
+                if run.temperature == temp and run.k == k:
+                    by_pair.setdefault(run.pair, {})[run.mode] = run
+            out += [(modes["plain"], modes["spec"]) for _, modes in sorted(by_pair.items())
+                    if "plain" in modes and "spec" in modes]
+    return out
+
+
 def test_speedups_are_paired_ratios_of_the_rates(bench) -> None:
     result, _ = bench
-    for plain, spec in iter_pairs(result):
+    for plain, spec in complete_pairs(result):
         assert plain.speedup is None
         assert spec.speedup == pytest.approx(spec.tokens_per_second / plain.tokens_per_second)
         assert plain.tokens_per_second == pytest.approx(plain.n_generated / plain.generation_seconds)
         assert plain.drafted == 0 and plain.rounds == plain.n_generated
     for c in result.configs:
-        ratios = [s.speedup for p, s in iter_pairs(result) if s.temperature == c.temperature and s.k == c.k]
+        ratios = [s.speedup for _, s in complete_pairs(result)
+                  if s.temperature == c.temperature and s.k == c.k]
         assert c.speedup.median == pytest.approx(statistics.median(ratios))
         assert c.speedup.min == pytest.approx(min(ratios)) and c.speedup.max == pytest.approx(max(ratios))
         assert c.wins == sum(1 for x in ratios if x > 1)

@@ -4,7 +4,6 @@ the pairs whose outputs should agree but fork, and the caveats a reader of the r
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -189,13 +188,6 @@ def bench_notes(result: BenchResult) -> list[tuple[str, str]]:
         notes.append(("info", f"{few[0].pairs} pairs per configuration: medians and spreads are rough "
                               "(raise --repeat or add prompts)"))
     return notes
-
-
-def iter_pairs(result: BenchResult) -> Iterator[tuple[RunRecord, RunRecord]]:
-    """(plain, spec) for every complete pair, in execution order."""
-    for temp in result.config.temps:
-        for k in result.config.ks:
-            yield from _pairs([r for r in result.runs if r.temperature == temp and r.k == k])
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
