@@ -53,6 +53,8 @@ def verify(target_rows: np.ndarray | FilteredRows, draft: Draft, sampler: Sample
     d = draft.tokens
     k = len(d)
     params, noise = sampler.params, sampler.noise
+    if not k and params.greedy and type(target_rows) is np.ndarray:  # a plain greedy round: its argmax
+        return Verdict([greedy_token(target_rows[0], params.banned)], 0, [None])
     if isinstance(target_rows, FilteredRows):
         filtered, width = target_rows, target_rows.width
         params = params.unbanned  # the graph left banned ids out
