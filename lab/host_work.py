@@ -66,6 +66,11 @@ class Cell:
         return statistics.median(self.ratios) if self.ratios else None
 
 
+def where(args: argparse.Namespace) -> dict[str, str]:
+    """--sampling-on, named only when not auto (so that the script also times revisions without it)."""
+    return {} if args.sampling_on == "auto" else {"sampling_on": args.sampling_on}
+
+
 def fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -122,7 +127,7 @@ def plain(model: Path, args: argparse.Namespace) -> list[Cell]:
         def specli_rate(sampling: SamplingParams, seed: int) -> float:
             spec.engine.reset()
             params = GenerationParams(max_tokens=args.n, sampling=sampling, seed=seed, ignore_eos=True,
-                                      draft_max=0, sampling_on=args.sampling_on)
+                                      draft_max=0, **where(args))
             return spec.generate(prompt, params).complete().stats.tokens_per_second or 0.0
 
         runs = {
@@ -205,7 +210,7 @@ def speculative(spec, prompt: list[int], seed: int, args: argparse.Namespace):
     """One greedy generation at k = args.k from an empty cache: its stats."""
     spec.engine.reset()
     params = GenerationParams(max_tokens=args.draft_n, sampling=GREEDY, seed=seed, ignore_eos=True,
-                              draft_max=args.k, sampling_on=args.sampling_on)
+                              draft_max=args.k, **where(args))
     return spec.generate(prompt, params).complete().stats
 
 
