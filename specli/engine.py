@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from specli.costs import CostModel
 from specli.drafters.base import Draft, Drafter
 from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
-from specli.llama import FILTERED_ROWS, GraphFilters, Model, check_prompt_fits
+from specli.llama import GraphFilters, Model, check_prompt_fits
 from specli.policy import Learned, regime
 from specli.proposer import Proposer, RoundResult, make_proposer
 from specli.sampling import SAMPLING_ON, Noise, Sampler, SamplingParams, random_seed
@@ -167,7 +167,7 @@ class SpeculativeEngine:
         target.set_filters(filters)
         sampler = Sampler(sampling, Noise(seed), params.same_as_plain, in_graph=filters is not None)
         # The most rows one verify may have: llama.cpp's graph filters at most FILTERED_ROWS a decode.
-        most_rows = FILTERED_ROWS if filters is not None else target.n_ctx
+        most_rows = target.filtered_rows if filters is not None else target.n_ctx
 
         # Prompt: evaluate everything but the last token, which the first round's verify decodes.
         t0 = time.perf_counter()

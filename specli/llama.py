@@ -448,7 +448,8 @@ class Model(ClosedWhenCollected):
             cparams.type_k = cparams.type_v = GGML_TYPE_BF16
         # A verify batch's rows filtered in the graph (set_filters): without a chain attached it changes
         # nothing (llama.cpp counts and sizes only the rows of sequences that have one).
-        cparams.n_outputs_max_per_seq = min(FILTERED_ROWS, self.n_batch)
+        self.filtered_rows = min(FILTERED_ROWS, self.n_batch)  # the most rows decode_filtered takes
+        cparams.n_outputs_max_per_seq = self.filtered_rows
         self._abort_flag = ctypes.create_string_buffer(2)  # b"\0": run on; b"\1": abort (see _ABORT_IF_SET)
         cparams.abort_callback = _ABORT_IF_SET
         cparams.abort_callback_data = ctypes.cast(self._abort_flag, ctypes.c_void_p)
@@ -778,11 +779,11 @@ class Model(ClosedWhenCollected):
     def decode_filtered(self, tokens: Sequence[int], *, outputs: str = "all") -> FilteredRows:
         """decode(), with the output rows filtered in llama.cpp's graph by the filters set
         (`set_filters`): only the survivors cross to Python. outputs: "all" or "last"; at most
-        FILTERED_ROWS rows."""
+        `filtered_rows` rows."""
         if self._filters is None:
             raise LlamaError("decode_filtered needs filters (set_filters)")
-        if outputs == "all" and len(tokens) > FILTERED_ROWS:
-            raise ValueError(f"at most {FILTERED_ROWS} filtered rows a decode, not {len(tokens)}")
+        if outputs == "all" and len(tokens) > self.filtered_rows:
+            raise ValueError(f"at most {self.filtered_rows} filtered rows a decode, not {len(tokens)}")
         if self._chain is None:
             self._attach()
         rows = self._run(tokens, outputs)

@@ -112,15 +112,21 @@ def test_a_raw_decode_after_a_filtered_one_is_fresh(target: Model) -> None:
         target.decode_filtered([1])
 
 
-def test_a_verify_batch_may_have_filtered_rows_up_to_the_limit(target: Model) -> None:
+def test_a_verify_batch_may_have_filtered_rows_up_to_the_limit(target: Model, fixture_models) -> None:
+    """The longest round -k allows (FILTERED_ROWS rows), and a context whose batch is shorter takes
+    as many as its batch; the engine drafts no more than that."""
     target.reset()
     target.set_filters(GraphFilters(1))
     rows = target.decode_filtered([5] * FILTERED_ROWS)
-    assert len(rows) == FILTERED_ROWS
+    assert len(rows) == FILTERED_ROWS == target.filtered_rows
     with pytest.raises(ValueError, match="at most"):
         target.decode_filtered([5] * (FILTERED_ROWS + 1))
     target.set_filters(None)
     target.reset()
+    with load(fixture_models.target, fixture_models.draft, n_ctx=20, n_threads=1) as spec:
+        assert spec.target.filtered_rows == spec.target.n_batch == 20
+        gen = run(spec, PROMPT, seed=1, max_tokens=60, draft_max=40, sampling=DEFAULTS, sampling_on="backend")
+        assert gen.stats.sampling_path == "backend" and max(gen.stats.k_per_round) == 19
 
 
 def test_where_the_filters_run(target: Model) -> None:
