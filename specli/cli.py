@@ -211,16 +211,18 @@ def run(
         text = read_prompt(prompt)
         plan = plan_run("run", target, draft, no_draft=no_draft, ngram=ngram, config=config, flags=flags)
         params = plan.settings.generation_params()
-        if plan.draft is None:  # said before the output, which would otherwise look like a slow speculation
-            why = "--no-draft" if no_draft else (
-                "no draft given (--draft FILE.gguf, --draft ngram, or a draft for the target in models.toml)")
-            err.print(Text.assemble(("note: ", "yellow"), f"decoding plainly: {why}"), soft_wrap=True)
         spec = _load(plan, verbose=verbose, err=err)
         with spec:
             try:
                 prompt_tokens = spec.target.tokenize(text, fit=spec.target.n_ctx)
             except PromptTooLong as e:
                 raise UsageProblem(f"{e}: raise --ctx or shorten the prompt") from None
+            # Said before the output, which would otherwise look like a slow speculation; after loading,
+            # so that a refused model or prompt stays a one-line error.
+            if plan.draft is None:
+                why = "--no-draft" if no_draft else (
+                    "no draft given (--draft FILE.gguf, --draft ngram, or a draft for the target in models.toml)")
+                err.print(Text.assemble(("note: ", "yellow"), f"decoding plainly: {why}"), soft_wrap=True)
             mode = "json" if json_out else ("terminal" if out.is_terminal else "pipe")
             if verbose:
                 from specli.engine import sampling_path

@@ -255,7 +255,8 @@ def test_nan_logits_give_a_clear_error(fixture_models, tmp_path) -> None:
     output = next(t for t in reader.tensors if t.name == "output.weight")
     output.data[...] = np.nan
     del reader
-    proc = specli("run", "--target", str(poisoned), PROMPT, "-n", "4", "-t", "1", cwd=tmp_path)
+    # With a drafter, so that no note ("decoding plainly") precedes the error.
+    proc = specli("run", "--target", str(poisoned), PROMPT, "-n", "4", "-t", "1", "--draft", "ngram", cwd=tmp_path)
     assert_one_line_error(proc, 1, "NaN")
 
 
