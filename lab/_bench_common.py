@@ -42,9 +42,9 @@ GPU_LAYERS = int(os.environ.get("SPECLI_LAB_GPU_LAYERS") or 0)
 
 def no_repack_flags(tool: str) -> list[str]:
     """llama.cpp's flags for loading weights as specli does: no repacking on CPUs with AMX, where
-    llama.cpp's AMX kernels crash on batches (specli.llama.cpu_has_amx; llama-bench spells it
+    llama.cpp's AMX kernels crash on batches (specli.host.cpu_has_amx; llama-bench spells it
     `--repack 0`, the other tools `--no-repack`), and GPU_LAYERS offloaded (the draft's too)."""
-    from specli.llama import cpu_has_amx
+    from specli.host import cpu_has_amx
 
     flags = []
     if cpu_has_amx():

@@ -55,9 +55,9 @@ def one_load(a: argparse.Namespace) -> None:
         if a.via == "llama":
             llc.Llama(a.model, n_gpu_layers=a.gpu_layers, verbose=a.log != "quiet")
         elif a.via == "model":
-            from specli import llama
+            from specli import llama, llama_log
 
-            llama.set_verbose(a.log == "null")
+            llama_log.set_verbose(a.log == "null")
             llama.Model(a.model, llama.ModelOptions(n_gpu_layers=a.gpu_layers, n_ctx=256))
         else:
             if a.log == "quiet":

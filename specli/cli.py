@@ -354,7 +354,7 @@ def bench(
     config: str | None = ConfigOpt,
 ) -> None:
     """Does speculation pay here? Plain and speculative runs, interleaved, side by side."""
-    from specli import llama
+    from specli import llama_log
     from specli.bench.files import write_csv, write_json
     from specli.bench.measure import run_bench
     from specli.bench.server import parse_server, unique_names
@@ -384,7 +384,7 @@ def bench(
         if kind is not None and not kind.in_bench:
             raise UsageProblem(f"bench does not run --draft {kind.name} yet: compare with "
                                "`specli run --json`")
-        llama.set_verbose(verbose)
+        llama_log.set_verbose(verbose)
         cfg = BenchConfig(
             target=plan.target,
             draft=plan.draft,
@@ -735,7 +735,7 @@ def models_check(
     """Can DRAFT draft for TARGET? The engine's vocabulary check, as a report."""
     from rich.table import Table
 
-    from specli import llama
+    from specli import llama, llama_log
     from specli.compat import check_vocab
 
     out = make_console()
@@ -746,7 +746,7 @@ def models_check(
         for note in notes:
             err.print(Text.assemble(("note: ", "yellow"), note), soft_wrap=True)
         paths = [validated(cfg.resolve(x).path if cfg else Path(x).expanduser()) for x in named]
-        llama.set_verbose(verbose)
+        llama_log.set_verbose(verbose)
         opts = llama.ModelOptions(n_ctx=64, n_threads=1)
         with llama.Model(paths[0], opts) as t, llama.Model(paths[1], opts) as d:
             report = check_vocab(t, d)

@@ -23,7 +23,8 @@ from typing import Any
 
 from specli.drafters.ngram import LONG_N, N_MAX, N_MIN
 from specli.drafters.registry import NGRAM_LOOKUP, DrafterKind, drafter_kind
-from specli.llama import TILED_MM_VARIABLE, cpu_has_amx
+from specli.host import cpu_has_amx
+from specli.llama import TILED_MM_VARIABLE
 from specli.settings import AUTO, MAX_DRAFT_K, RunSettings, UsageProblem
 
 ENGINES = ("llama-server", "vllm", "sglang")

@@ -27,6 +27,7 @@ import numpy as np
 from llama_cpp import llama_cpp_ext as llc_ext
 
 from specli.llama import (
+    ARITHMETIC,
     GGML_TYPE_BF16,
     ClosedWhenCollected,
     ContextFullError,
@@ -34,11 +35,11 @@ from specli.llama import (
     LlamaError,
     Model,
     ModelOptions,
-    _ensure_backend,
     batch_invariant_cache,
     buffer_view,
     repacks,
 )
+from specli.llama_log import ensure_backend
 
 
 def _bind(names: Sequence[str], argtypes: list, restype: object):
@@ -182,8 +183,9 @@ class HeadModel(ClosedWhenCollected):
     """A head's GGUF loaded by llama.cpp (no context): its facts, for checks before a context exists."""
 
     def __init__(self, path: str | Path, options: ModelOptions) -> None:
-        _ensure_backend()
         self.path = Path(path)
+        ARITHMETIC.claim(options.batch_invariant)
+        ensure_backend()
         mparams = llc.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         mparams.use_extra_bufts = repacks(options)

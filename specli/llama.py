@@ -1,15 +1,18 @@
-"""The only module that touches llama.cpp (through llama-cpp-python's low-level ctypes bindings).
+"""llama.cpp's models, through llama-cpp-python's low-level ctypes bindings, and their errors.
 
 A `Model` is one GGUF model with one context and one sequence: it decodes batches of tokens, asking
 for logits only on the rows the caller needs, hands those rows out as zero-copy numpy views, and
 truncates its KV cache when a speculative round rolls back. It remembers which tokens its cache
 holds (`Model.tokens`), so the engine can reason about cache contents without asking llama.cpp.
+
+Beside it: llama.cpp's log and backend start (specli.llama_log), its built-in chat formats
+(specli.builtin_templates), the contexts of draft heads beside a Model (specli.heads), and what is
+asked of the machine itself (specli.host).
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import time
 from collections.abc import Sequence
@@ -21,7 +24,9 @@ import llama_cpp as llc
 import numpy as np
 from llama_cpp import llama_cpp_ext as llc_ext
 
+from specli import host
 from specli.fileio import regular_file_problem
+from specli.llama_log import ensure_backend
 
 if TYPE_CHECKING:
     from specli.sampling import SamplingParams
@@ -60,21 +65,6 @@ def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
         raise PromptTooLong(n_tokens, n_ctx)
 
 
-# -- logging -------------------------------------------------------------------------------------------
-
-# llama.cpp's log callback is C code, never Python: Python runs a signal's handler between any two
-# bytecodes of the main thread, so a Ctrl-C landing in a Python callback (llama.cpp logs hundreds of
-# lines while loading) raised KeyboardInterrupt inside it, where ctypes printed "Exception ignored" and
-# dropped it: the load went on and the run finished with exit 0. With C callbacks the signal waits until
-# the llama.cpp call returns, then interrupts Python code that can stop cleanly.
-# Quiet: a C function that ignores its arguments and touches nothing (Py_IsInitialized only reads a
-# flag, needs no GIL, and every C calling convention lets a callee ignore arguments it does not take).
-# Verbose: NULL, llama.cpp's own logger, which writes to stderr.
-_QUIET_LOG = ctypes.cast(ctypes.pythonapi.Py_IsInitialized, llc.llama_log_callback)
-_LLAMA_CPP_LOG = llc.llama_log_callback()  # a NULL function pointer
-_backend_ready = False
-_log_verbose = False
-
 # Stopping a decode from another thread (a server's cancelled request) without Python in the callback:
 # llama.cpp's abort callback is `bool f(void *data)`, called between graph nodes, and libc's strlen
 # is such a function: it returns the length of the string at `data`, nonzero (abort) once the first
@@ -82,21 +72,6 @@ _log_verbose = False
 # the flag holds at most one nonzero byte, so the length is 0 or 1.
 _ABORT_IF_SET = ctypes.cast((ctypes.cdll.msvcrt if os.name == "nt" else ctypes.CDLL(None)).strlen,
                             llc.ggml_abort_callback)
-
-
-def set_verbose(verbose: bool) -> None:
-    """Show llama.cpp's own log on stderr (True) or silence it (False, the default)."""
-    global _log_verbose
-    _log_verbose = verbose
-    llc.llama_log_set(_LLAMA_CPP_LOG if verbose else _QUIET_LOG, ctypes.c_void_p(0))
-
-
-def _ensure_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        set_verbose(_log_verbose)
-        llc.llama_backend_init()
-        _backend_ready = True
 
 
 # -- batch-invariant arithmetic ------------------------------------------------------------------------
@@ -107,39 +82,39 @@ def _ensure_backend() -> None:
 # batch shapes) could change a seeded reply. Measured on the vendored llama.cpp's CPU backend (docs/
 # exactness.md), three paths depend on the batch: (1) the tiled K-quant matmul, taken for 8 rows or
 # more (ggml-cpu tiled.cpp: `rows >= 8`), sums in another order than the one-row dot product: the
-# environment variable GGML_CPU_TILED_MM=0, read once per process, turns it off; (2) repacked weights
-# (GEMM for groups of 4 rows, GEMV for the rest): not repacked; (3) flash attention of one query over
-# an F16/F32 cache of 512 cells or more splits the cache across the threads and merges the parts
-# (ops.cpp), a batch does not: a BF16 cache takes neither path. With all three every row is
-# bit-identical whatever the batch, the chunking of the prompt and the thread count.
+# environment variable GGML_CPU_TILED_MM=0, read once per process, turns it off (`ARITHMETIC`); (2)
+# repacked weights (GEMM for groups of 4 rows, GEMV for the rest): not repacked (`repacks`); (3) flash
+# attention of one query over an F16/F32 cache of 512 cells or more splits the cache across the
+# threads and merges the parts (ops.cpp), a batch does not: a BF16 cache takes neither path
+# (`batch_invariant_cache`). With all three every row is bit-identical whatever the batch, the
+# chunking of the prompt and the thread count.
 TILED_MM_VARIABLE = "GGML_CPU_TILED_MM"
 GGML_TYPE_BF16 = 30
 
 
-_decoded = False  # a decode has run in this process: ggml has read TILED_MM_VARIABLE
+class ProcessArithmetic:
+    """The process's one choice of batch-invariant arithmetic or not. ggml reads TILED_MM_VARIABLE
+    once, at its first matmul, so every model of a process computes alike: the first model loaded
+    chooses (a value the user set in the environment stays), and a model that asks for the other
+    arithmetic later is refused rather than silently given this one."""
+
+    def __init__(self) -> None:
+        self.batch_invariant: bool | None = None  # None: no model loaded yet
+
+    def claim(self, batch_invariant: bool) -> None:
+        """A model with this arithmetic is about to load: the process's choice, or LlamaError."""
+        if self.batch_invariant is None:
+            if batch_invariant and TILED_MM_VARIABLE not in os.environ:
+                os.environ[TILED_MM_VARIABLE] = "0"
+            self.batch_invariant = batch_invariant
+        elif batch_invariant != self.batch_invariant:
+            have, want = ("with", "without") if self.batch_invariant else ("without", "with")
+            raise LlamaError(f"this process already runs its models {have} batch-invariant arithmetic "
+                             f"(llama.cpp chooses it once per process): load a model {want} it in another "
+                             "process")
 
 
-def tiled_matmul_off() -> bool:
-    """Whether this process runs without the tiled K-quant matmul."""
-    return os.environ.get(TILED_MM_VARIABLE) == "0"
-
-
-def _choose_tiled_matmul(batch_invariant: bool) -> None:
-    """Turn the tiled matmul off for batch invariance before the process's first decode (ggml reads the
-    variable once, at its first matmul: every model of the process shares the choice; a value the user
-    set stays)."""
-    if batch_invariant and not _decoded and TILED_MM_VARIABLE not in os.environ:
-        os.environ[TILED_MM_VARIABLE] = "0"
-
-
-def default_threads() -> int:
-    """Threads for decoding: the cores this process may use, halved on big machines whose logical
-    cores are mostly SMT siblings (oversubscribing physical cores slows llama.cpp down)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        n = os.cpu_count() or 1
-    return n if n <= 4 else max(4, n // 2)
+ARITHMETIC = ProcessArithmetic()
 
 
 _ATTR_UNUSED = 1 << 1  # include/llama.h, enum llama_token_attr
@@ -149,34 +124,12 @@ MAX_CONTEXT = 2**32 - CONTEXT_PADDING
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
 
 
-@functools.cache
-def cpuinfo(field: str) -> str | None:
-    """The first CPU's `field` in /proc/cpuinfo (Linux), None where there is none; read once per field."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                name, sep, value = line.partition(":")
-                if sep and name.strip() == field:
-                    return value.strip()
-    except OSError:
-        pass
-    return None
-
-
-def cpu_has_amx() -> bool:
-    """Whether the CPU advertises Intel AMX (Linux). llama.cpp's AMX matrix kernels, which repacked
-    weights use for batches of more than one token, crash there on some Xeons (llama.cpp issue
-    #20824; seen on the 2-core Xeon machines this project is developed on: every verify batch of a
-    K-quant or Q8_0 model, and llama-bench's prompt test), so specli does not repack on such CPUs."""
-    return "amx_int8" in (cpuinfo("flags") or "").split()
-
-
 def repacks(opts: ModelOptions) -> bool:
     """Whether llama.cpp repacks the weights of a model loaded with `opts`: never for batch-invariant
     arithmetic or on CPUs with AMX, unless asked to."""
     if opts.repack is not None:
         return opts.repack
-    return not opts.batch_invariant and not cpu_has_amx()
+    return not opts.batch_invariant and not host.cpu_has_amx()
 
 
 def batch_invariant_cache(opts: ModelOptions) -> bool:
@@ -185,43 +138,11 @@ def batch_invariant_cache(opts: ModelOptions) -> bool:
     return opts.batch_invariant and opts.n_gpu_layers == 0
 
 
-def available_memory() -> int | None:
-    """Bytes of memory a new allocation can get without swapping (Linux MemAvailable), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _int_or(text: str | None, default: int) -> int:
     try:
         return int(text) if text is not None else default
     except ValueError:
         return default
-
-
-def builtin_chat_template(name: str, messages: Sequence[tuple[str, str]], add_generation_prompt: bool) -> str:
-    """`messages` (role, content) rendered in llama.cpp's own built-in chat format `name` (`gemma`,
-    `llama3`, `chatml` ...: llama_chat_builtin_templates); LlamaError for a name llama.cpp does not
-    know. Nothing is added for BOS: the tokenizer adds it."""
-    chat = (llc.llama_chat_message * max(1, len(messages)))()
-    encoded = [(role.encode(), content.encode()) for role, content in messages]  # kept alive for the call
-    for i, (role, content) in enumerate(encoded):
-        chat[i].role, chat[i].content = role, content
-    size = 256 + 2 * sum(len(r) + len(c) for r, c in encoded)
-    for _ in range(2):
-        buf = ctypes.create_string_buffer(size)
-        n = llc.llama_chat_apply_template(name.encode(), chat, len(encoded), add_generation_prompt, buf, size)
-        if n < 0:
-            raise LlamaError(f"llama.cpp has no built-in chat format {name!r}")
-        if n <= size:
-            return buf.raw[:n].decode("utf-8", errors="replace")
-        size = n + 1
-    raise LlamaError(f"llama.cpp's chat format {name!r} did not fit {size} bytes")
 
 
 # -- filters in llama.cpp's graph ----------------------------------------------------------------------
@@ -381,49 +302,55 @@ class ClosedWhenCollected:
             pass
 
 
+def _check_options(opts: ModelOptions) -> None:
+    """Refuse numbers llama.cpp takes as they come: out of range they crash it or wrap around."""
+    if not 0 <= opts.n_threads <= MAX_THREADS:
+        raise LlamaError(f"{opts.n_threads} threads: llama.cpp takes 0 (one per core) to {MAX_THREADS}")
+    if not -1 <= opts.n_gpu_layers <= 2**31 - 1:
+        raise LlamaError(f"{opts.n_gpu_layers} GPU layers: llama.cpp takes -1 (all) to {2**31 - 1}")
+    if not 1 <= opts.n_batch <= 2**31 - 1 or not 0 <= opts.max_rollback <= 2**31 - 2:
+        raise LlamaError(f"batch {opts.n_batch} / rollback {opts.max_rollback} out of llama.cpp's range")
+    if not 0 <= opts.n_ctx <= MAX_CONTEXT:
+        raise LlamaError(
+            f"a context of {opts.n_ctx} tokens is impossible: llama.cpp takes 1 to {MAX_CONTEXT}"
+        )
+
+
+def _load_weights(path: Path, opts: ModelOptions) -> llc.llama_model_p:
+    """The GGUF at `path` loaded by llama.cpp as `opts` say, or LlamaError."""
+    not_regular = regular_file_problem(path)
+    if not_regular is not None:
+        # llama.cpp would block forever on a FIFO and read a device until memory runs out
+        raise LlamaError(f"{path}: {not_regular}; pass the path of a .gguf model file")
+    mparams = llc.llama_model_default_params()
+    mparams.n_gpu_layers = opts.n_gpu_layers
+    mparams.load_mtp = opts.load_mtp
+    mparams.use_extra_bufts = repacks(opts)
+    model = llc.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise LlamaError(f"{path}: llama.cpp could not load the model (run with --verbose for its log)")
+    return model
+
+
 class Model(ClosedWhenCollected):
     """One GGUF model, one llama.cpp context, one sequence (seq id 0)."""
 
     def __init__(self, path: str | Path, options: ModelOptions | None = None) -> None:
         started = time.perf_counter()
         opts = options or ModelOptions()
-        _choose_tiled_matmul(opts.batch_invariant)
-        _ensure_backend()
         self.path = Path(path)
         self.options = opts
         self._model = None
         self._ctx = None
         self._batch = None
-
-        # Numbers llama.cpp takes as they come: out of range they crash it or wrap around.
-        if not 0 <= opts.n_threads <= MAX_THREADS:
-            raise LlamaError(f"{opts.n_threads} threads: llama.cpp takes 0 (one per core) to {MAX_THREADS}")
-        if not -1 <= opts.n_gpu_layers <= 2**31 - 1:
-            raise LlamaError(f"{opts.n_gpu_layers} GPU layers: llama.cpp takes -1 (all) to {2**31 - 1}")
-        if not 1 <= opts.n_batch <= 2**31 - 1 or not 0 <= opts.max_rollback <= 2**31 - 2:
-            raise LlamaError(f"batch {opts.n_batch} / rollback {opts.max_rollback} out of llama.cpp's range")
-        if not 0 <= opts.n_ctx <= MAX_CONTEXT:
-            raise LlamaError(
-                f"a context of {opts.n_ctx} tokens is impossible: llama.cpp takes 1 to {MAX_CONTEXT}"
-            )
-        not_regular = regular_file_problem(self.path)
-        if not_regular is not None:
-            # llama.cpp would block forever on a FIFO and read a device until memory runs out
-            raise LlamaError(f"{self.path}: {not_regular}; pass the path of a .gguf model file")
-        mparams = llc.llama_model_default_params()
-        mparams.n_gpu_layers = opts.n_gpu_layers
-        mparams.load_mtp = opts.load_mtp
-        mparams.use_extra_bufts = repacks(opts)
-        self._model = llc.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not self._model:
-            raise LlamaError(
-                f"{self.path}: llama.cpp could not load the model (run with --verbose for its log)"
-            )
+        _check_options(opts)
+        ARITHMETIC.claim(opts.batch_invariant)
+        ensure_backend()
+        self._model = _load_weights(self.path, opts)
         self._vocab = llc.llama_model_get_vocab(self._model)
 
-        threads = opts.n_threads or default_threads()
-        n_ctx_train = llc.llama_model_n_ctx_train(self._model)
-        n_ctx = opts.n_ctx if opts.n_ctx > 0 else n_ctx_train
+        threads = opts.n_threads or host.default_threads()
+        n_ctx = opts.n_ctx if opts.n_ctx > 0 else llc.llama_model_n_ctx_train(self._model)
         self.requested_n_ctx = n_ctx
         try:
             self._check_kv_memory(n_ctx)
@@ -431,32 +358,14 @@ class Model(ClosedWhenCollected):
             self.close()
             raise
         self.n_batch = max(16, min(opts.n_batch, n_ctx))
-        recurrent = bool(llc.llama_model_is_recurrent(self._model) or llc.llama_model_is_hybrid(self._model))
-        if recurrent:
+        model = self._model
+        self._recurrent = bool(llc.llama_model_is_recurrent(model) or llc.llama_model_is_hybrid(model))
+        if self._recurrent:
             # Snapshots are taken within one ubatch: a verify batch (k + 1 tokens) must fit in one.
             self.n_batch = max(self.n_batch, opts.max_rollback + 1)
-        cparams = llc.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = self.n_batch
-        cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = 1
-        # The defaults use 4 batch threads whatever the machine has; oversubscription halves speed.
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.no_perf = True
-        if batch_invariant_cache(opts):
-            cparams.type_k = cparams.type_v = GGML_TYPE_BF16
-        # A verify batch's rows filtered in the graph (set_filters): without a chain attached it changes
-        # nothing (llama.cpp counts and sizes only the rows of sequences that have one).
         self.filtered_rows = min(FILTERED_ROWS, self.n_batch)  # the most rows decode_filtered takes
-        cparams.n_outputs_max_per_seq = self.filtered_rows
         self._abort_flag = ctypes.create_string_buffer(2)  # b"\0": run on; b"\1": abort (see _ABORT_IF_SET)
-        cparams.abort_callback = _ABORT_IF_SET
-        cparams.abort_callback_data = ctypes.cast(self._abort_flag, ctypes.c_void_p)
-        if recurrent:
-            # llama.cpp clamps this to 0 for architectures without bounded rollback (read back below).
-            cparams.n_rs_seq = max(0, opts.max_rollback)
-        self._ctx = llc.llama_init_from_model(self._model, cparams)
+        self._ctx = llc.llama_init_from_model(self._model, self._context_params(n_ctx, threads))
         if not self._ctx:
             self.close()
             raise LlamaError(f"{self.path}: llama.cpp could not create a context of {n_ctx} tokens")
@@ -482,8 +391,7 @@ class Model(ClosedWhenCollected):
         self._chain: llc.llama_sampler_p | None = None
         self._filtered_views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_seconds = 0.0  # wall time inside llama_decode, for the overhead figure
-        self._recurrent = recurrent
-        self.rs_seq = int(llc.llama_n_rs_seq(self._ctx)) if recurrent else 0
+        self.rs_seq = int(llc.llama_n_rs_seq(self._ctx)) if self._recurrent else 0
         # Positions truncate() may drop through the state snapshots right now: llama.cpp writes them
         # per decode (slot s = the state s tokens before the end of the last ubatch) and a rollback
         # is single-use until the next decode, so this is min(rs_seq, last batch - 1), else 0.
@@ -501,6 +409,31 @@ class Model(ClosedWhenCollected):
         if opts.load_mtp:
             llc_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: every token's row
             self._hidden = np.zeros((min(n_ctx, 256), self.n_embd), dtype=np.float32)
+
+    def _context_params(self, n_ctx: int, threads: int) -> llc.llama_context_params:
+        """llama.cpp's parameters for this model's one context (n_batch, filtered_rows and the abort
+        flag set first)."""
+        opts = self.options
+        cparams = llc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        # The defaults use 4 batch threads whatever the machine has; oversubscription halves speed.
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        if batch_invariant_cache(opts):
+            cparams.type_k = cparams.type_v = GGML_TYPE_BF16
+        # A verify batch's rows filtered in the graph (set_filters): without a chain attached it changes
+        # nothing (llama.cpp counts and sizes only the rows of sequences that have one).
+        cparams.n_outputs_max_per_seq = self.filtered_rows
+        cparams.abort_callback = _ABORT_IF_SET
+        cparams.abort_callback_data = ctypes.cast(self._abort_flag, ctypes.c_void_p)
+        if self._recurrent:
+            # llama.cpp clamps this to 0 for architectures without bounded rollback (read back as rs_seq).
+            cparams.n_rs_seq = max(0, opts.max_rollback)
+        return cparams
 
     @property
     def model_pointer(self) -> llc.llama_model_p:
@@ -541,7 +474,7 @@ class Model(ClosedWhenCollected):
     def _check_kv_memory(self, n_ctx: int) -> None:
         """Refuse a context whose KV cache cannot fit in memory, before llama.cpp allocates it (it
         would take gigabytes, then fail or get the process killed)."""
-        available = available_memory()
+        available = host.available_memory()
         if available is None:
             return
         padded = -(-n_ctx // CONTEXT_PADDING) * CONTEXT_PADDING
@@ -819,8 +752,6 @@ class Model(ClosedWhenCollected):
         if self._recorder is not None:
             self._recorder.before_decode(pos0)
         t0 = time.perf_counter()
-        global _decoded
-        _decoded = True
         try:
             rc = llc.llama_decode(self._ctx, b)
             # llama_decode may return before the backend has finished (llama-bench times the two

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specli.drafters.registry import drafter_kind
+from specli.host import usable_cores
 from specli.settings import (
     SETTINGS,
     THREADS_PER_CORE,
@@ -22,7 +23,6 @@ from specli.settings import (
     decode_input,
     defaults_for,
     thread_limit,
-    usable_cores,
     valid_text,
 )
 
@@ -201,10 +201,10 @@ def _check_threads(threads: int, where: str) -> None:
 
 def load_run(plan: Plan, *, verbose: bool = False) -> tuple[Any, list[str]]:
     """Load what `plan` names (`api.load`): the Speculator, and notes for the user about what they got."""
-    from specli import llama
+    from specli import llama_log
     from specli.api import load
 
-    llama.set_verbose(verbose)
+    llama_log.set_verbose(verbose)
     s = plan.settings
     spec = load(plan.target, plan.draft, n_ctx=s.ctx, n_threads=s.threads, n_gpu_layers=s.gpu_layers,
                 draft_p_min=s.draft_p_min, ngram=plan.ngram, batch_invariant=s.batch_invariant)

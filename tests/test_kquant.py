@@ -27,7 +27,9 @@ import numpy as np
 import pytest
 
 from specli import llama as specli_llama
-from specli.llama import Model, ModelOptions, cpu_has_amx, repacks
+from specli.host import cpu_has_amx
+from specli.llama import LlamaError, Model, ModelOptions, repacks
+from specli.llama_log import ensure_backend
 from specli_synth.fixtures import FIXTURE_TARGET, fixture_vocab
 from specli_synth.ngram_model import write_ngram_model
 
@@ -48,7 +50,7 @@ def build_q4_k_m(directory: Path) -> Path:
     out = directory / "kquant-q4_k_m.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype, params.nthread = Q4_K_M, 2
-    specli_llama._ensure_backend()
+    ensure_backend()
     assert llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), ctypes.byref(params)) == 0
     return out
 
@@ -136,6 +138,36 @@ def test_without_batch_invariance_k_quant_rows_differ(kquant_model) -> None:
     diff, spread = rows_without_batch_invariance(kquant_model)
     assert diff.max() > 1e-3, f"K-quant batch and single-token logits now agree (max |diff| {diff.max():.2e})"
     assert (diff < 0.05 * spread).all(), f"rows differ by {diff} against spreads {spread}"  # the same model
+
+
+_WITHOUT_FIRST = """
+import os, sys
+from specli.llama import LlamaError, Model, ModelOptions
+Model(sys.argv[1], ModelOptions(n_ctx=256, n_threads=1, batch_invariant=False)).close()
+try:
+    Model(sys.argv[1], ModelOptions(n_ctx=256, n_threads=1))
+except LlamaError as e:
+    print(os.environ.get({variable!r}), e)
+"""
+
+
+def test_a_process_runs_its_models_with_one_arithmetic(kquant_model) -> None:
+    """ggml reads the tiled matmul's switch once per process: a model that asks for the other
+    arithmetic than the process's first model is refused, either way round (batch-invariant first here,
+    in pytest's process; without first in a fresh one, where the switch is left unset)."""
+    opts = ModelOptions(n_ctx=256, n_threads=1)
+    Model(kquant_model, opts).close()
+    assert specli_llama.ARITHMETIC.batch_invariant is True
+    with pytest.raises(LlamaError, match="already runs its models with batch-invariant arithmetic .*: load "
+                                         "a model without it in another process"):
+        Model(kquant_model, replace(opts, batch_invariant=False))
+    code = _WITHOUT_FIRST.format(variable=specli_llama.TILED_MM_VARIABLE)
+    env = {k: v for k, v in os.environ.items() if k != specli_llama.TILED_MM_VARIABLE}
+    proc = subprocess.run([sys.executable, "-c", code, str(kquant_model)], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().startswith("None this process already runs its models without batch-invariant")
+    assert proc.stdout.strip().endswith("load a model with it in another process")
 
 
 def test_gemma_batch_invariant_rows_are_bit_identical() -> None:

@@ -37,7 +37,7 @@ from support import (
     write_gguf,
 )
 
-from specli import GenerationParams, SamplingParams, TokenEvent, load
+from specli import GenerationParams, SamplingParams, TokenEvent, host, load
 from specli import llama as specli_llama
 from specli.gguf_info import read_gguf_info
 from specli_synth.fixtures import FIXTURE_TARGET, fixture_vocab
@@ -256,7 +256,8 @@ def test_nan_logits_give_a_clear_error(fixture_models, tmp_path) -> None:
     output.data[...] = np.nan
     del reader
     # With a drafter, so that no note ("decoding plainly") precedes the error.
-    proc = specli("run", "--target", str(poisoned), PROMPT, "-n", "4", "-t", "1", "--draft", "ngram", cwd=tmp_path)
+    proc = specli("run", "--target", str(poisoned), PROMPT, "-n", "4", "-t", "1", "--draft", "ngram",
+                  cwd=tmp_path)
     assert_one_line_error(proc, 1, "NaN")
 
 
@@ -541,7 +542,7 @@ def test_kv_cache_estimate_is_checked_against_memory(fixture_models, monkeypatch
     with load(fixture_models.target, None, n_ctx=256, n_threads=1) as spec:
         per_token = spec.target.kv_bytes_per_token()
     assert per_token > 0
-    monkeypatch.setattr(specli_llama, "available_memory", lambda: 4096 * per_token)
+    monkeypatch.setattr(host, "available_memory", lambda: 4096 * per_token)
     with load(fixture_models.target, None, n_ctx=4096, n_threads=1) as spec:
         assert spec.target.n_ctx == 4096
     with pytest.raises(specli_llama.LlamaError, match="at most about 4096 here"):

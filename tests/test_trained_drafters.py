@@ -29,10 +29,10 @@ from test_bench_server import LLAMA_SERVER, _free_port, _wait_healthy, needs_lla
 from test_exactness import UNFILTERED, assert_mid_range, assert_no_failure, run_trials, tv_failure, unless
 
 from specli import GenerationParams, SamplingParams, load
-from specli import llama as specli_llama
 from specli.cli import app
 from specli.drafters.registry import DRAFTERS, drafter_kind
 from specli.gguf_info import read_gguf_info
+from specli.llama_log import ensure_backend
 from specli.sampling import Noise, Sampler
 from specli_synth.trained_drafters import (
     TINY_SIZES,
@@ -69,7 +69,7 @@ def kquant_set(tmp_path_factory) -> TrainedDrafterFiles:
     out = directory / "target-q4_k_m.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype, params.nthread = Q4_K_M, 2
-    specli_llama._ensure_backend()
+    ensure_backend()
     done = llama_cpp.llama_model_quantize(str(files.target).encode(), str(out).encode(), ctypes.byref(params))
     assert done == 0
     return replace(files, target=out)

@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specli.builtin_templates import builtin_chat_template
 from specli.chat_template import KNOWN_END_MARKERS, ChatTemplate, ChatTemplateError
-from specli.llama import LlamaError, Model, builtin_chat_template
+from specli.llama import LlamaError, Model
 from specli.settings import RunSettings
 from specli.text import printable
 
@@ -35,7 +36,7 @@ NO_TEMPLATE = ("{name} has no chat template, as base models (not tuned to chat) 
 
 class BuiltinTemplate:
     """A chat format llama.cpp renders itself (its built-in `name`), for a GGUF that carries no template:
-    what ChatTemplate offers, over llama.builtin_chat_template."""
+    what ChatTemplate offers, over builtin_templates.builtin_chat_template."""
 
     is_fallback = False
 
