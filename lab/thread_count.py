@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from specli.host import usable_cores
+from specli.settings import usable_cores
 
 DECODES = 7
 

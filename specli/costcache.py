@@ -29,9 +29,10 @@ from pathlib import Path
 
 from specli.costs import CostModel
 from specli.drafters.base import Drafter
-from specli.host import cpuinfo, usable_cores
+from specli.host import cpuinfo
 from specli.llama import Model, repacks
 from specli.policy import Learned
+from specli.settings import usable_cores
 
 FORMAT = 2  # 2: verify samples are (seconds, position) pairs
 # A decode is kept for the next process when its CPU time was at least this share of its wall time

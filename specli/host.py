@@ -1,5 +1,5 @@
-"""What specli asks of the machine it runs on: its CPU (cpuinfo, AMX), the cores this process may use,
-and the memory a new allocation can get. Read from the operating system, never from llama.cpp."""
+"""What specli asks of the machine it runs on: its CPU (cpuinfo, AMX), the threads to decode with, and
+the memory a new allocation can get. Read from the operating system, never from llama.cpp."""
 
 from __future__ import annotations
 
@@ -29,18 +29,13 @@ def cpu_has_amx() -> bool:
     return "amx_int8" in (cpuinfo("flags") or "").split()
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
 def default_threads() -> int:
     """Threads for decoding: the cores this process may use, halved on big machines whose logical
     cores are mostly SMT siblings (oversubscribing physical cores slows llama.cpp down)."""
-    n = usable_cores()
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        n = os.cpu_count() or 1
     return n if n <= 4 else max(4, n // 2)
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from specli.drafters.registry import drafter_kind
-from specli.host import usable_cores
 from specli.settings import (
     SETTINGS,
     THREADS_PER_CORE,
@@ -23,6 +22,7 @@ from specli.settings import (
     decode_input,
     defaults_for,
     thread_limit,
+    usable_cores,
     valid_text,
 )
 

@@ -14,11 +14,11 @@ Nothing here imports a front end (typer, rich): the CLI, chat, bench and the ser
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from specli.host import usable_cores
 from specli.sampling import SAMPLER_RANGES, SAMPLING_ON, SamplingParams, random_seed, temperature_problem
 
 if TYPE_CHECKING:
@@ -62,6 +62,14 @@ MAX_THREADS = 512
 THREADS_PER_CORE = 8
 MAX_INT32 = 2**31 - 1
 AUTO = "auto"
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 def thread_limit() -> int:
