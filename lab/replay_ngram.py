@@ -70,6 +70,7 @@ def replay_texts(recording: dict, carry: bool, oracle: bool, branches: bool = Fa
     from specli.costs import CostModel
     from specli.drafters.base import Draft
     from specli.drafters.ngram import NGramDrafter
+    from specli.drafters.registry import NGRAM_LOOKUP
     from specli.policy import HORIZON, Learned, regime
     from specli.proposer import RoundResult, make_proposer
     from specli.sampling import Noise, Sampler
@@ -88,7 +89,7 @@ def replay_texts(recording: dict, carry: bool, oracle: bool, branches: bool = Fa
             costs.restore(recording["costs"])
         full = [*prompt, *text["tokens"]]
         learned.enter(regime(params.sampling, True))
-        drafter = NGramDrafter()
+        drafter = NGramDrafter(NGRAM_LOOKUP.name)
         proposer = make_proposer(drafter, "auto", costs, learned)
         context = list(prompt)
         proposer.begin(context, Sampler(params.sampling, Noise(text["seed"]), True))

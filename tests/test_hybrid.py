@@ -18,6 +18,7 @@ from support import free_drafting
 
 from specli import GenerationParams, SamplingParams, TokenEvent, load
 from specli.drafters.model import DraftModelDrafter
+from specli.drafters.registry import DRAFT_MODEL
 from specli.engine import SpeculativeEngine
 from specli.events import RoundEvent
 from specli.llama import Model, ModelOptions, RollbackError
@@ -169,7 +170,7 @@ def test_greedy_speculative_equals_plain_greedy(hybrid_models, fixture_models, p
 def test_draft_length_is_capped_by_the_rollback_bound(hybrid_models, fixture_models) -> None:
     expected = plain_greedy(hybrid_models.target, PROMPT, 50)
     target = Model(hybrid_models.target, ModelOptions(n_ctx=512, n_threads=1, max_rollback=2))
-    drafter = DraftModelDrafter(Model(fixture_models.draft, OPTS), target.n_vocab)
+    drafter = DraftModelDrafter(Model(fixture_models.draft, OPTS), target.n_vocab, DRAFT_MODEL.name)
     engine = SpeculativeEngine(target, drafter)
     engine.costs = free_drafting()  # so that auto drafts as much as it may
     try:
@@ -218,7 +219,7 @@ def test_target_without_rollback_is_refused_clearly(hybrid_models, fixture_model
     target = Model(hybrid_models.target, ModelOptions(n_ctx=512, n_threads=1, max_rollback=0))
     try:
         assert target.is_recurrent and target.max_rollback == 0
-        drafter = DraftModelDrafter(Model(fixture_models.draft, OPTS), target.n_vocab)
+        drafter = DraftModelDrafter(Model(fixture_models.draft, OPTS), target.n_vocab, DRAFT_MODEL.name)
         with pytest.raises(ValueError, match=r"\(lfm2\).*--no-draft"):
             SpeculativeEngine(target, drafter)
         drafter.close()

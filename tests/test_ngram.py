@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from specli.drafters.ngram import LONG_N, NGramDrafter
+from specli.drafters.registry import NGRAM_LOOKUP
 from specli.sampling import Noise, Sampler, SamplingParams
 
 
 def drafter(context: list[int], **kw) -> NGramDrafter:
-    d = NGramDrafter(**kw)
+    d = NGramDrafter(NGRAM_LOOKUP.name, **kw)
     d.begin(context, Sampler(SamplingParams(temperature=0.0), Noise(0)))
     return d
 

@@ -132,17 +132,19 @@ def test_every_registered_drafter_is_described_coloured_and_offered(name: str) -
     assert kind.description.split(":")[0] in help_text or not kind.reserved
 
 
-def test_each_drafter_class_is_named_as_its_registry_entry() -> None:
-    """The classes state their names themselves (importing the registry, which builds them, would be
-    an import circle): each must be its entry's, and its tokens carry it (colour_of reads them)."""
-    from specli.drafters.model import DraftModelDrafter
-    from specli.drafters.mtp import MTPDrafter
-    from specli.drafters.ngram import NGramDrafter
-    from specli.drafters.registry import DRAFT_MODEL, NGRAM_LOOKUP
-
-    pairs = ((DraftModelDrafter, DRAFT_MODEL), (NGramDrafter, NGRAM_LOOKUP), (MTPDrafter, DRAFTERS["mtp"]))
-    for cls, kind in pairs:
-        assert cls.name == kind.name and [source.name for source in cls.sources] == [kind.name]
+def test_drafters_take_their_names_from_the_registry() -> None:
+    """A drafter's name (its tokens' source, the policy's key, its colour) is its registry entry's, which
+    the entry's factory gives it: no drafter module writes a name or a source's name of its own."""
+    for path in sorted((PACKAGE / "drafters").glob("*.py")):
+        if path.name == "registry.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                named = [getattr(t, "id", None) or getattr(t, "attr", None) for t in targets]
+                assert "name" not in named, f"{path.name}:{node.lineno} states a drafter's name"
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Source" and node.args:
+                assert not isinstance(node.args[0], ast.Constant), f"{path.name}:{node.lineno} names a source"
 
 
 def test_the_policy_prices_the_longest_round() -> None:

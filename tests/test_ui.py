@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 
 from specli import GenerationParams, SamplingParams, load
 from specli.cli import app
-from specli.drafters.model import DraftModelDrafter
+from specli.drafters.base import Source
 from specli.drafters.ngram import NGramDrafter
+from specli.drafters.registry import DRAFT_MODEL, NGRAM_LOOKUP
 from specli.events import DoneEvent, Origin, RejectedEvent, RoundEvent, TokenEvent
 from specli.stats import GenerationStats
 from specli.ui.stream import TokenPrinter, legend, sparkline, stats_lines, stats_panel
@@ -98,9 +99,9 @@ SYNTHETIC = [
 ]
 
 
-# What the drafters declare (front ends never test for a drafter's name).
-MODEL_SOURCES = DraftModelDrafter.sources
-COMBINED_SOURCES = (*DraftModelDrafter.sources, *NGramDrafter.sources)
+# What the drafters declare, named by the registry (front ends never test for a drafter's name).
+MODEL_SOURCES = (Source(DRAFT_MODEL.name),)
+COMBINED_SOURCES = (*MODEL_SOURCES, *NGramDrafter(NGRAM_LOOKUP.name).sources)
 
 
 @pytest.mark.parametrize("show_rejected", [False, True])

@@ -175,7 +175,7 @@ class Drafter(ABC):
     A drafter declares what it is (`name`, its `sources`, the llama.cpp `models` it holds), so front
     ends and the policy never test for a drafter's name or class."""
 
-    name: str = "drafter"
+    name: str  # its registry entry's (specli.drafters.registry), given when the registry builds it
     sources: tuple[Source, ...] = ()
 
     @property

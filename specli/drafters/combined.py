@@ -11,11 +11,12 @@ from specli.sampling import Sampler
 
 class CombinedDrafter(Drafter):
     """A match of at least `min_match` tokens is confident enough to skip the draft model's work;
-    copying text (code edits, quoting the prompt) is where such matches appear and where they pay."""
+    copying text (code edits, quoting the prompt) is where such matches appear and where they pay.
+    `name`: the registry's for the combination (its sources are its parts')."""
 
-    name = "combined"
-
-    def __init__(self, model_drafter: DraftModelDrafter, ngram: NGramDrafter, *, min_match: int = 2) -> None:
+    def __init__(self, model_drafter: DraftModelDrafter, ngram: NGramDrafter, name: str, *,
+                 min_match: int = 2) -> None:
+        self.name = name
         self.model_drafter = model_drafter
         self.ngram = ngram
         self.min_match = min_match

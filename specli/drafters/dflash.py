@@ -32,15 +32,14 @@ from specli.sampling import Dist, Sampler, distribution, greedy_token, mask_bann
 
 class BlockDrafter(HeadDrafter):
     """Drafts with a DFlash or DSpark head (HeadModel, which it takes over) beside `target`; `name` is
-    the registry's ("dflash" or "dspark").
+    its registry entry's (DFlash's or DSpark's).
 
     p_min: drafts stop at the first row whose confidence falls below it (DSpark's confidence head
     where it has one, else the row's top probability): llama.cpp's --spec-draft-p-min."""
 
     def __init__(self, target: Model, head: HeadModel, name: str, *, p_min: float = 0.0) -> None:
         facts = head.facts
-        super().__init__(target, BlockContext(head, target), p_min=p_min)
-        self.name = name
+        super().__init__(target, BlockContext(head, target), name, p_min=p_min)
         # Anchor-first (DSpark): the anchor's row is the first draft, a block of b drafts b rows.
         # DFlash: the anchor's row predicts nothing new, b drafts take b + 1 rows.
         self.anchor_first = facts.markov and facts.sample_from_anchor

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import Draft, DraftGate, Source, draft_positions
+from specli.drafters.base import Draft, DraftGate, draft_positions
 from specli.drafters.head import HeadDrafter
 from specli.heads import Eagle3Context, HeadModel
 from specli.llama import Model
@@ -28,11 +28,8 @@ class Eagle3Drafter(HeadDrafter):
 
     p_min: stop drafting in a round when the head's top probability falls below it (--draft-p-min)."""
 
-    name = "eagle3"
-    sources = (Source("eagle3"),)
-
-    def __init__(self, target: Model, head: HeadModel, *, p_min: float = 0.0) -> None:
-        super().__init__(target, Eagle3Context(head, target), p_min=p_min)
+    def __init__(self, target: Model, head: HeadModel, name: str, *, p_min: float = 0.0) -> None:
+        super().__init__(target, Eagle3Context(head, target), name, p_min=p_min)
         self._g = np.zeros((64, head.facts.n_embd), np.float32)  # g_p of positions 0..g_count-1
         self._g_count = 0
         # (_seen: g_p depends on tokens 0..p, the cache's pair p on tokens 0..p+1.)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specli.drafters.base import CatchingUpDrafter
+from specli.drafters.base import CatchingUpDrafter, Source
 from specli.heads import HeadContext, TargetFeatures
 from specli.llama import Model
 from specli.sampling import Noise, Sampler, SamplingParams
@@ -20,9 +20,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class HeadDrafter(CatchingUpDrafter):
-    """A drafter over `head` (a context it owns) that reads `target`'s layer inputs."""
+    """A drafter over `head` (a context it owns) that reads `target`'s layer inputs; `name` is its
+    registry entry's."""
 
-    def __init__(self, target: Model, head: HeadContext, *, p_min: float = 0.0) -> None:
+    def __init__(self, target: Model, head: HeadContext, name: str, *, p_min: float = 0.0) -> None:
+        self.name = name
+        self.sources = (Source(name),)
         self.target = target
         self.head = head
         try:

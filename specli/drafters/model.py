@@ -22,13 +22,13 @@ class DraftModelDrafter(Drafter):
     token, tokens another drafter proposed); draft() catches up in one batch before drafting.
 
     p_min: stop drafting in a round when the draft's top probability for the next position falls
-    below it (llama.cpp's --draft-p-min); nothing is proposed for that position.
+    below it (llama.cpp's --draft-p-min); nothing is proposed for that position. `name`: its registry
+    entry's.
     """
 
-    name = "draft"
-    sources = (Source("draft"),)
-
-    def __init__(self, model: Model, target_vocab: int, *, p_min: float = 0.0) -> None:
+    def __init__(self, model: Model, target_vocab: int, name: str, *, p_min: float = 0.0) -> None:
+        self.name = name
+        self.sources = (Source(name),)
         self.model = model
         self.target_vocab = target_vocab
         self.p_min = p_min

@@ -52,12 +52,11 @@ class MTPDrafter(CatchingUpDrafter):
     """Drafts with the MTP block of `target` (loaded with load_mtp) through an MTPContext.
 
     p_min: stop drafting in a round when the MTP head's top probability for the next position falls
-    below it (llama.cpp's --draft-p-min)."""
+    below it (llama.cpp's --draft-p-min). `name`: its registry entry's."""
 
-    name = "mtp"  # its registry name (specli.drafters.registry)
-    sources = (Source(name),)
-
-    def __init__(self, target: Model, *, p_min: float = 0.0) -> None:
+    def __init__(self, target: Model, name: str, *, p_min: float = 0.0) -> None:
+        self.name = name
+        self.sources = (Source(name),)
         self.target = target
         self.mtp = MTPContext(target)
         self.p_min = p_min

@@ -28,13 +28,13 @@ import time
 from specli.drafters.base import Draft, Drafter, DraftGate, HeldPosition, Source
 from specli.sampling import Sampler
 
-# The n-gram orders counted, longest first (what `specli export` tells other engines' prompt lookup).
-N_MAX, N_MIN = 4, 1
-# A continuation is used when seen at least this often and taking this share of what followed the
-# n-gram (index n - 1, one per order up to N_MAX; llama.cpp's lookup uses the same lax thresholds for
-# its context cache).
-_MIN_COUNT = (2, 2, 1, 1)
-_MIN_SHARE = (0.66, 0.5, 0.5, 0.5)
+# A continuation of an n-gram is used when seen at least min_count times and taking at least min_share
+# of what followed the n-gram: one (min_count, min_share) per order n = 1, 2 ..., the last also for
+# longer orders (llama.cpp's lookup uses the same lax thresholds for its context cache).
+_CONFIDENT = ((2, 0.66), (2, 0.5), (1, 0.5), (1, 0.5))
+# The n-gram orders counted, longest first (what `specli export` tells other engines' prompt lookup):
+# those the thresholds above are given for.
+N_MAX, N_MIN = len(_CONFIDENT), 1
 # Long copies: occurrences of the last LONG_N tokens are followed; a match is measured up to MAX_MATCH
 # tokens back, and at most MAX_OCCURRENCES (the most recent) are followed. 12 (ngram-simple's pattern)
 # rather than 8: fewer fresh matches of code's recurring lines (Gemma 3 270M, interleaved against 8:
@@ -45,12 +45,13 @@ MAX_OCCURRENCES = 16
 
 
 class NGramDrafter(Drafter):
-    name = "ngram"  # its registry name (specli.drafters.registry)
-    sources = (Source(name, confidence_of_text=True),)
+    """Prompt lookup over orders n_max down to n_min; `name`: its registry entry's."""
 
-    def __init__(self, n_max: int = N_MAX, n_min: int = N_MIN) -> None:
+    def __init__(self, name: str, n_max: int = N_MAX, n_min: int = N_MIN) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
+        self.name = name
+        self.sources = (Source(name, confidence_of_text=True),)
         self.n_max, self.n_min = n_max, n_min
         # _follow[n][ngram] = {next token: [count, last position seen]}
         self._follow: dict[int, dict[tuple[int, ...], dict[int, list[int]]]] = {}
@@ -139,7 +140,8 @@ class NGramDrafter(Drafter):
                 continue
             token, (count, _) = max(seen.items(), key=lambda item: item[1])  # count, then recency
             total = sum(c for c, _ in seen.values())
-            if count >= _MIN_COUNT[min(n, 4) - 1] and count >= _MIN_SHARE[min(n, 4) - 1] * total:
+            min_count, min_share = _CONFIDENT[min(n, len(_CONFIDENT)) - 1]
+            if count >= min_count and count >= min_share * total:
                 # The winner's lead over the runner-up, not its share: a fork seen 2:1 (text that
                 # alternates between two continuations) is much less sure than a single sighting,
                 # and the calibration can only tell them apart if their confidences differ.

@@ -1,6 +1,7 @@
 """The drafters specli knows, by name: what each needs, how it is built, how front ends describe and
 colour it. `api.load`, models.toml's reserved names, `--draft`'s help, the terminal's and the web
-page's colours all read this table; a new drafter is a new file and one entry here.
+page's colours all read this table; a new drafter is a new file and one entry here. A drafter's name
+is its entry's alone: the entry's factory gives it to the drafter it builds, whose tokens carry it.
 
 `--draft` takes a reserved name (`ngram`, `mtp`) or anything else, which names a draft model (a .gguf
 path or a models.toml name). `--ngram` puts n-gram lookup in front of a draft model (combined).
@@ -54,15 +55,24 @@ class DrafterKind:
     needs: str  # "a draft model", "the target's MTP layers", "nothing"
     description: str  # one line, for --help and `specli models`
     colour: str  # accepted tokens of this source, in the terminal (rich style) and the web page
-    build: Callable[[BuildRequest], Drafter]
+    factory: Callable[[DrafterKind, BuildRequest], Drafter]  # builds the drafter, named by its kind
     equivalents: Equivalents
     loads_target_mtp: bool = False  # the target is loaded with its MTP layers
     uses_model: bool = False  # a draft model file (`--draft PATH`), which --ngram may combine with lookup
     takes_p_min: bool = False  # --draft-p-min cuts its rounds (it reports its own confidence)
     in_bench: bool = True  # `specli bench` can run it
 
+    def build(self, req: BuildRequest) -> Drafter:
+        """This kind's drafter for `req`, named by this entry."""
+        return self.factory(self, req)
 
-def _draft_model(req: BuildRequest) -> Drafter:
+
+# A draft model with n-gram lookup in front of it (--ngram): the combination's name (its tokens carry
+# its parts' names).
+COMBINED = "combined"
+
+
+def _draft_model(kind: DrafterKind, req: BuildRequest) -> Drafter:
     from specli.compat import require_compatible
     from specli.drafters.combined import CombinedDrafter
     from specli.drafters.model import DraftModelDrafter
@@ -78,11 +88,11 @@ def _draft_model(req: BuildRequest) -> Drafter:
     except BaseException:
         draft.close()
         raise
-    drafter = DraftModelDrafter(draft, target.n_vocab, p_min=req.p_min)
-    return CombinedDrafter(drafter, NGramDrafter()) if req.ngram else drafter
+    drafter = DraftModelDrafter(draft, target.n_vocab, kind.name, p_min=req.p_min)
+    return CombinedDrafter(drafter, NGramDrafter(NGRAM_LOOKUP.name), COMBINED) if req.ngram else drafter
 
 
-def _trained_head(req: BuildRequest) -> Drafter:
+def _trained_head(kind: DrafterKind, req: BuildRequest) -> Drafter:
     """A trained head (EAGLE-3, DFlash, DSpark) beside the loaded target: checked against it (hidden
     size, layers, vocabulary), then the drafter its architecture runs."""
     from specli.drafters.dflash import BlockDrafter
@@ -98,24 +108,24 @@ def _trained_head(req: BuildRequest) -> Drafter:
             raise ValueError(f"{req.draft_path.name} cannot draft for {target.path.name}: "
                              f"{'; '.join(problems)}")
         if head.facts.architecture == "eagle3":
-            return Eagle3Drafter(target, head, p_min=req.p_min)
-        return BlockDrafter(target, head, trained_kind(req.draft_path) or "dflash", p_min=req.p_min)
+            return Eagle3Drafter(target, head, kind.name, p_min=req.p_min)
+        return BlockDrafter(target, head, kind.name, p_min=req.p_min)
     except BaseException:
         head.close()
         raise
 
 
-def _ngram(req: BuildRequest) -> Drafter:
+def _ngram(kind: DrafterKind, req: BuildRequest) -> Drafter:
     from specli.drafters.ngram import NGramDrafter
 
-    return NGramDrafter()
+    return NGramDrafter(kind.name)
 
 
-def _mtp(req: BuildRequest) -> Drafter:
+def _mtp(kind: DrafterKind, req: BuildRequest) -> Drafter:
     from specli.drafters.mtp import MTPDrafter, require_mtp
 
     require_mtp(req.target)
-    return MTPDrafter(req.target, p_min=req.p_min)
+    return MTPDrafter(req.target, kind.name, p_min=req.p_min)
 
 
 DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
@@ -181,9 +191,9 @@ def _trained_kind(path: str, size: int, mtime: int) -> str | None:
 
 
 def colour_of(source: str) -> str:
-    """The colour of tokens a source drafted and the target accepted."""
-    kind = DRAFTERS.get(source)
-    return kind.colour if kind is not None else "green"
+    """The colour of tokens a source drafted and the target accepted: its entry's (every source is
+    named by the entry that built it)."""
+    return DRAFTERS[source].colour
 
 
 def draft_help() -> str:
