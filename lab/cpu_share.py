@@ -6,9 +6,9 @@ and the whole process's) around Gemma 3 270M decodes of 1, 6 and 24 tokens, alon
 
 The process's CPU seconds over wall seconds is what specli.costs calls the share: about the threads
 it runs when it has the cores to itself (llama.cpp's threads spin at each barrier), less when other
-work takes them. specli keeps a decode for the next process only at 0.7 of its threads (costcache.
-FULL_SHARE) and prices a size by a decode below 0.7 of the process's best share only where nothing
-better is known (costs.STARVED). Needs the `gemma` extra.
+work takes them. specli keeps a decode for the next process only at 0.7 of its threads' share and
+prices a size by a decode below 0.7 of the process's best share only where nothing better is known
+(both costs.STARVED). Needs the `gemma` extra.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ rounds (a 150k-vocabulary pair at T 1: auto / k=3 0.916 without it, 0.958 with i
 n-gram lookup's describes the text and is learned anew.
 
 What is kept describes the machine when it is quiet: a decode during which the process got less than
-FULL_SHARE of its threads' CPU time (other work took the cores) is not written, and a restored cost
+costs.STARVED of its threads' CPU time (other work took the cores) is not written, and a restored cost
 only prices a batch size until the new process measures it (costs.CostModel.restore).
 
 SPECLI_COST_CACHE=0 turns it off; SPECLI_CACHE_DIR moves it (default $XDG_CACHE_HOME/specli, or
@@ -27,7 +27,7 @@ import os
 import platform
 from pathlib import Path
 
-from specli.costs import CostModel
+from specli.costs import STARVED, CostModel
 from specli.drafters.base import Drafter
 from specli.host import cpuinfo
 from specli.llama import Model, repacks
@@ -35,9 +35,6 @@ from specli.policy import Learned
 from specli.settings import usable_cores
 
 FORMAT = 2  # 2: verify samples are (seconds, position) pairs
-# A decode is kept for the next process when its CPU time was at least this share of its wall time
-# times the threads it could run (specli.cli's demo calls a machine busy below the same share).
-FULL_SHARE = 0.7
 
 
 def cache_directory() -> Path | None:
@@ -91,14 +88,14 @@ def cache_path(about: dict) -> Path | None:
 
 
 def kept_share(about: dict | None) -> float | None:
-    """The least CPU share (CPU seconds over wall seconds) a decode must have had to be kept: FULL_SHARE
-    of the threads the target runs on this machine's cores; None (all kept) for an offloaded target,
-    whose decodes wait on the GPU, or an unknown one."""
+    """The least CPU share (CPU seconds over wall seconds) a decode must have had to be kept: STARVED
+    of the threads the target runs on this machine's cores (below it, other work took them); None (all
+    kept) for an offloaded target, whose decodes wait on the GPU, or an unknown one."""
     target = (about or {}).get("target") or {}
     threads = target.get("threads")
     if not isinstance(threads, int) or threads < 1 or target.get("gpu_layers"):
         return None
-    return FULL_SHARE * min(threads, usable_cores())
+    return STARVED * min(threads, usable_cores())
 
 
 def restore(costs: CostModel, path: Path | None, learned: Learned | None = None) -> bool:

@@ -56,11 +56,13 @@ BURST = 1.5
 # a drafter for good: the first steps of each new shape (a GPU's graphs built) cost many warm ones,
 # and one of them taken for the step's cost could give the hopeless verdict to a cheap draft.
 SETTLED_SAMPLES = 3
-# A decode whose process got less CPU time than this share of the best this process has had (CPU time
-# over wall time, `CostModel.observe_verify`) ran while other work took its cores: it prices a batch
-# size only where no decode with the full share has, and never above what those predict. Starved,
-# llama.cpp's threads spin at each barrier for one the OS has put aside, and a decode slows far more
-# than its share falls; kept, such a spell's costs would stop later processes from drafting.
+# A decode whose process got less CPU time than this share of what it could get (CPU time over wall
+# time) ran while other work took its cores. Against the best share this process has had
+# (`CostModel.observe_verify`), it prices a batch size only where no decode with the full share has,
+# and never above what those predict; against its threads' share of the cores, it is not written for
+# the next process (specli.costcache). Starved, llama.cpp's threads spin at each barrier for one the
+# OS has put aside, and a decode slows far more than its share falls; kept, such a spell's costs would
+# stop later processes from drafting.
 STARVED = 0.7
 # A restored (carried) batch size that no process has measured again is forgotten after this many
 # processes have carried it.

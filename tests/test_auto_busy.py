@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from specli import costcache
-from specli.costs import CARRIED_AGE, SETTLED_SAMPLES, CostModel
+from specli.costs import CARRIED_AGE, SETTLED_SAMPLES, STARVED, CostModel
 from specli.events import DoneEvent, Holdback
 from specli.policy import RECHECK_SHARE, AutoK, Calibration, Decision, RoundReport
+from specli.settings import usable_cores
 from specli.stats import GenerationStats
 
 # A busy spell's cost record (an afternoon of several heavy jobs on 2 cores): a verify of 6 tokens at
@@ -92,7 +93,7 @@ def test_decodes_slowed_by_other_work_price_a_size_only_where_nothing_better_is_
 
 def test_the_share_a_kept_decode_needs_is_that_of_the_targets_threads_on_a_cpu() -> None:
     cpu = {"target": {"threads": 2, "gpu_layers": 0}}
-    assert costcache.kept_share(cpu) == pytest.approx(costcache.FULL_SHARE * min(2, costcache.usable_cores()))
+    assert costcache.kept_share(cpu) == pytest.approx(STARVED * min(2, usable_cores()))
     assert costcache.kept_share({"target": {"threads": 2, "gpu_layers": 99}}) is None
     assert costcache.kept_share(None) is None
 
