@@ -44,12 +44,15 @@ TOKEN_RUNNER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from specli.api import load
+from specli.engine import GenerationParams
 from specli.settings import RunSettings
 target, draft, ids, n, temp, seed, threads, ctx, k = json.loads(sys.argv[2])
 settings = RunSettings(max_tokens=n, temp=temp, seed=seed, ignore_eos=True, threads=threads, ctx=ctx,
                        draft_max=int(k) if k.isdigit() else k)
 with load(target, None if draft == "none" else draft, n_ctx=ctx, n_threads=threads) as spec:
-    generation = spec.generate(ids, settings.generation_params())
+    # Revisions before #52 built the parameters in settings (RunSettings.generation_params).
+    of = getattr(GenerationParams, "of", None)
+    generation = spec.generate(ids, of(settings) if of else settings.generation_params())
     generation.complete()
     print(json.dumps({"stats": generation.stats.as_dict()}))
 """

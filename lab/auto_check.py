@@ -73,7 +73,7 @@ def load() -> str:
 
 
 def setups(opts: argparse.Namespace) -> dict[str, Setup]:
-    from specli.cli import GEMMA_DEMO_PROMPT, SYNTHETIC_DEMO_PROMPT
+    from specli.demo import GEMMA_DEMO_PROMPT, SYNTHETIC_DEMO_PROMPT
 
     found: dict[str, Setup] = {}
     try:

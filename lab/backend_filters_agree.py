@@ -22,8 +22,7 @@ import numpy as np
 
 from specli import GenerationParams, load
 from specli.llama import GraphFilters
-from specli.sampling import Noise, SamplingParams, Survivors, distribution
-from specli.settings import DEFAULT_SAMPLING
+from specli.sampling import DEFAULT_SAMPLING, Noise, SamplingParams, Survivors, distribution
 
 SETTINGS = {
     "defaults (top-k 40, top-p 0.95, min-p 0.05)": DEFAULT_SAMPLING,

@@ -152,12 +152,13 @@ def specli_run(target: str, draft: str, prompt: str, n: int, temp: float, seed: 
 _SPECLI_FROM_TOKENS = """
 import json, sys
 from specli.api import load
+from specli.engine import GenerationParams
 from specli.settings import RunSettings
 target, draft, ids, n, temp, seed, threads, ctx, extra, gpu_layers = json.loads(sys.argv[1])
 BEFORE
 settings = RunSettings(max_tokens=n, temp=temp, seed=seed, ignore_eos=True, threads=threads, ctx=ctx)
 with load(target, draft, n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers) as spec:
-    generation = spec.generate(ids, settings.generation_params())
+    generation = spec.generate(ids, GenerationParams.of(settings))
     generation.complete()
     print(json.dumps({**generation.stats.as_dict(), "tokens": list(generation.tokens)}))
 """

@@ -55,7 +55,7 @@ from _bench_common import (  # noqa: E402
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
 from specli.api import Speculator  # noqa: E402
 from specli.drafters.registry import drafter_kind  # noqa: E402
-from specli.settings import DEFAULT_SAMPLING  # noqa: E402
+from specli.sampling import DEFAULT_SAMPLING  # noqa: E402
 
 PLAIN_PROMPT = "The history of the city begins"
 

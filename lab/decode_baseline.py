@@ -34,7 +34,7 @@ from _bench_common import GEMMA_HINT, gemma_path  # noqa: E402
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
 from specli.llama import Model  # noqa: E402
-from specli.settings import DEFAULT_SAMPLING  # noqa: E402
+from specli.sampling import DEFAULT_SAMPLING  # noqa: E402
 
 PROMPT = "The history of the city begins"
 

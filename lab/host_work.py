@@ -42,7 +42,7 @@ from _bench_common import find_tool, no_repack_flags, stop_process, tools_dir, w
 from compare_llamacpp import PLAIN_PROMPT, PROMPTS, ToolError, llama_bench_tg, run_tool  # noqa: E402
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
-from specli.settings import DEFAULT_SAMPLING  # noqa: E402
+from specli.sampling import DEFAULT_SAMPLING  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 

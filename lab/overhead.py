@@ -28,7 +28,7 @@ from _bench_common import GEMMA_HINT, gemma_path  # noqa: E402
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
 from specli.api import Speculator  # noqa: E402
-from specli.settings import DEFAULT_SAMPLING  # noqa: E402
+from specli.sampling import DEFAULT_SAMPLING  # noqa: E402
 
 PROMPT = "The history of the city begins"
 # "default sampling" is the command line's (llama.cpp's): top-k 40, top-p 0.95, min-p 0.05, T 0.8.

@@ -46,6 +46,7 @@ from ab_revisions import ALL_PROMPTS  # noqa: E402
 
 def record(opts: argparse.Namespace) -> None:
     from specli.api import load
+    from specli.engine import GenerationParams
     from specli.settings import RunSettings
 
     texts = []
@@ -54,7 +55,7 @@ def record(opts: argparse.Namespace) -> None:
         for seed in range(opts.seed, opts.seed + opts.count):
             settings = RunSettings(max_tokens=opts.n, temp=opts.temp, seed=seed, ignore_eos=True,
                                    threads=opts.threads, ctx=opts.ctx)
-            generation = spec.generate(prompt, settings.generation_params())
+            generation = spec.generate(prompt, GenerationParams.of(settings))
             generation.complete()
             stats = generation.stats.as_dict()
             texts.append({"seed": seed, "tokens": list(generation.tokens), "tps": stats["tokens_per_second"]})
@@ -71,6 +72,7 @@ def replay_texts(recording: dict, carry: bool, oracle: bool, branches: bool = Fa
     from specli.drafters.base import Draft
     from specli.drafters.ngram import NGramDrafter
     from specli.drafters.registry import NGRAM_LOOKUP
+    from specli.engine import GenerationParams
     from specli.policy import HORIZON, Learned, regime
     from specli.proposer import RoundResult, make_proposer
     from specli.sampling import Noise, Sampler
@@ -80,7 +82,7 @@ def replay_texts(recording: dict, carry: bool, oracle: bool, branches: bool = Fa
     prompt, n = recording["prompt"], recording["n"]
     measured = CostModel()
     measured.restore(recording["costs"])
-    params = RunSettings(max_tokens=n, temp=recording["temp"], ignore_eos=True).generation_params()
+    params = GenerationParams.of(RunSettings(max_tokens=n, temp=recording["temp"], ignore_eos=True))
     costs = learned = None
     results = []
     for text in recording["texts"]:

@@ -19,6 +19,7 @@ from specli.drafters.base import Drafter
 from specli.drafters.registry import BuildRequest, drafter_kind
 from specli.engine import Generation, GenerationParams, SpeculativeEngine
 from specli.llama import Model, ModelOptions
+from specli.settings import DEFAULTS
 
 
 class Speculator:
@@ -77,14 +78,14 @@ def load(
     target: str | Path,
     draft: str | Path | None = None,
     *,
-    n_ctx: int = 4096,
-    n_threads: int = 0,
-    n_gpu_layers: int = 0,
-    draft_p_min: float = 0.0,
+    n_ctx: int = DEFAULTS.ctx,
+    n_threads: int = DEFAULTS.threads,
+    n_gpu_layers: int = DEFAULTS.gpu_layers,
+    draft_p_min: float = DEFAULTS.draft_p_min,
     ngram: bool = False,
-    batch_invariant: bool = True,
+    batch_invariant: bool = DEFAULTS.batch_invariant,
 ) -> Speculator:
-    """Load a target and optionally a drafter.
+    """Load a target and optionally a drafter (the defaults are specli.settings').
 
     draft: a GGUF path (a draft model), "ngram" (prompt lookup, no model), "mtp" (self-drafting from
     the target's own MTP layers; ValueError when its GGUF has none), or None (plain decoding); the

@@ -19,7 +19,8 @@ from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, 
 from specli.llama import GraphFilters, Model, check_prompt_fits
 from specli.policy import Learned, regime
 from specli.proposer import Proposer, RoundResult, make_proposer
-from specli.sampling import SAMPLING_ON, Noise, Sampler, SamplingParams, random_seed
+from specli.sampling import Noise, Sampler, SamplingParams
+from specli.settings import DEFAULTS, SAMPLING_ON, RunSettings, random_seed
 from specli.stats import GenerationStats
 from specli.textstream import TextStream
 from specli.verify import Verdict, verify
@@ -27,21 +28,34 @@ from specli.verify import Verdict, verify
 
 @dataclass
 class GenerationParams:
-    max_tokens: int = 256
+    """One generation's parameters; the defaults are specli.settings' (DEFAULTS), with the plain sampler."""
+
+    max_tokens: int = DEFAULTS.max_tokens
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    seed: int | None = None
-    stop: Sequence[str] = ()
-    draft_max: int | str = "auto"  # tokens drafted per round, or "auto"
-    ignore_eos: bool = False  # never sample end-of-generation tokens (benchmarks, soak tests)
+    seed: int | None = DEFAULTS.seed  # None: a random one (random_seed)
+    stop: Sequence[str] = DEFAULTS.stop
+    draft_max: int | str = DEFAULTS.draft_max  # tokens drafted per round, or AUTO
+    ignore_eos: bool = DEFAULTS.ignore_eos  # never sample end-of-generation tokens (benchmarks, soak tests)
     # Verify drafts against the target's own keyed draw, so a seeded run prints exactly what plain
     # decoding prints with that seed (see sampling.Sampler); False: the rejection rule.
-    same_as_plain: bool = True
+    same_as_plain: bool = DEFAULTS.same_as_plain
     # Stop a round's draft where the draft's top probability falls below this (--draft-p-min); None:
     # what the drafter was built with (api.load's draft_p_min).
     draft_p_min: float | None = None
     # Where the filters run (--sampling-on): "backend" (in llama.cpp's graph, only the survivors cross to
-    # Python), "host" (numpy over the whole row), or "auto" (see sampling_path).
-    sampling_on: str = "auto"
+    # Python), "host" (numpy over the whole row), or AUTO (see sampling_path).
+    sampling_on: str = DEFAULTS.sampling_on
+
+    @classmethod
+    def of(cls, settings: RunSettings, seed_offset: int = 0) -> GenerationParams:
+        """The parameters of one generation with a run's settings (the one place front ends build them):
+        the `seed_offset`-th of a series (RunSettings.seed_at); without a seed, a random one."""
+        return cls(
+            max_tokens=settings.max_tokens, sampling=SamplingParams.of(settings),
+            seed=settings.seeded().seed_at(seed_offset), stop=settings.stop, draft_max=settings.draft_max,
+            ignore_eos=settings.ignore_eos, same_as_plain=settings.same_as_plain,
+            draft_p_min=settings.draft_p_min, sampling_on=settings.sampling_on,
+        )
 
 
 def sampling_path(target: Model, sampling: SamplingParams, choice: str) -> tuple[GraphFilters | None, str]:
@@ -159,13 +173,7 @@ class SpeculativeEngine:
         self, context: list[int], params: GenerationParams, proposer: Proposer, stream: TextStream
     ) -> Iterator[Event]:
         target = self.target
-        sampling = params.sampling
-        if params.ignore_eos:
-            sampling = replace(sampling, banned=(*sampling.banned, *target.eog_tokens()))
-        seed = params.seed if params.seed is not None else random_seed()
-        filters, why = sampling_path(target, sampling, params.sampling_on)
-        target.set_filters(filters)
-        sampler = Sampler(sampling, Noise(seed), params.same_as_plain, in_graph=filters is not None)
+        sampler, seed, filters, why = self._sampler(params)
         # The most rows one verify may have: llama.cpp's graph filters at most FILTERED_ROWS a decode.
         most_rows = target.filtered_rows if filters is not None else target.n_ctx
 
@@ -223,24 +231,27 @@ class SpeculativeEngine:
             t_end = clock()
             yield from events
             k = len(draft.tokens)
-            yield RoundEvent(
-                index,
-                draft.drafter if k else None,
-                k,
-                verdict.n_accepted,
-                emitted,
-                t_drafted - t_start,
-                t_verified - t_drafted,
-                t_end - t_verified,
-                target.decode_seconds + proposer.decode_seconds - decoded,
-                t_end - gen_start,
-                used if used < len(verdict.tokens) else None,
-            )
+            yield RoundEvent(index, draft.drafter if k else None, k, verdict.n_accepted, emitted,
+                             t_drafted - t_start, t_verified - t_drafted, t_end - t_verified,
+                             target.decode_seconds + proposer.decode_seconds - decoded, t_end - gen_start,
+                             used if used < len(verdict.tokens) else None)
             index += 1
 
         if not stream.stopped:
             yield from stream.flush()
         yield DoneEvent(stop_reason, stream.text, time.perf_counter() - gen_start, proposer.holdback())
+
+    def _sampler(self, params: GenerationParams) -> tuple[Sampler, int, GraphFilters | None, str]:
+        """A generation's sampler, its seed, and where it filters (the target's graph filters, set on
+        the target, or None: the host) and why."""
+        sampling = params.sampling
+        if params.ignore_eos:
+            sampling = replace(sampling, banned=(*sampling.banned, *self.target.eog_tokens()))
+        seed = params.seed if params.seed is not None else random_seed()
+        filters, why = sampling_path(self.target, sampling, params.sampling_on)
+        self.target.set_filters(filters)
+        sampler = Sampler(sampling, Noise(seed), params.same_as_plain, in_graph=filters is not None)
+        return sampler, seed, filters, why
 
     def reset(self) -> None:
         """Empty both caches (the next generation evaluates its whole prompt)."""

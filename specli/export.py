@@ -25,7 +25,7 @@ from specli.drafters.ngram import LONG_N, N_MAX, N_MIN
 from specli.drafters.registry import NGRAM_LOOKUP, DrafterKind, drafter_kind
 from specli.host import cpu_has_amx
 from specli.llama import TILED_MM_VARIABLE
-from specli.settings import AUTO, MAX_DRAFT_K, RunSettings, UsageProblem
+from specli.settings import AUTO, DEFAULT_HOST, DEFAULT_PORT, MAX_DRAFT_K, RunSettings, UsageProblem
 
 ENGINES = ("llama-server", "vllm", "sglang")
 
@@ -36,7 +36,6 @@ DEFAULT_EXPORT_K = 4
 # N_MIN tokens (drafters/ngram.py). vLLM's prompt lookup does the latter (prompt_lookup_max/min);
 # llama-server's ngram-simple matches one length, this one.
 LLAMA_SERVER_NGRAM_LOOKUP = 3
-DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
 
 TARGET_PLACEHOLDER = "HF_TARGET_REPO"
 DRAFT_PLACEHOLDER = "HF_DRAFT_REPO"

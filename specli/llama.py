@@ -27,6 +27,7 @@ from llama_cpp import llama_cpp_ext as llc_ext
 from specli import host
 from specli.fileio import regular_file_problem
 from specli.llama_log import ensure_backend
+from specli.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from specli.sampling import SamplingParams
@@ -251,9 +252,9 @@ class FilteredRows:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    n_ctx: int = 4096
-    n_threads: int = 0  # 0: default_threads()
-    n_gpu_layers: int = 0
+    n_ctx: int = DEFAULTS.ctx
+    n_threads: int = DEFAULTS.threads  # 0: default_threads()
+    n_gpu_layers: int = DEFAULTS.gpu_layers
     n_batch: int = 512
     # Recurrent/hybrid models: positions the context can roll back (llama.cpp's n_rs_seq state
     # snapshots, where the architecture supports them). The engine never drafts more than this.
@@ -266,7 +267,7 @@ class ModelOptions:
     repack: bool | None = None
     # Batch-invariant arithmetic (see above): a token's logits the same in any batch, at some cost to
     # prompt evaluation. On a GPU only the CPU's part of it applies.
-    batch_invariant: bool = True
+    batch_invariant: bool = DEFAULTS.batch_invariant
 
 
 class DecodeRecorder(Protocol):

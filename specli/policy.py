@@ -57,9 +57,10 @@ from specli.costs import CostModel, best_net_gain, best_rate, run_cost, run_gain
 from specli.drafters.base import DraftGate
 from specli.events import Holdback
 from specli.sampling import SamplingParams
+from specli.settings import MAX_DRAFT_K
 
 # The tunings below, their values and what measured them: docs/tuning.md.
-HORIZON = 64 + 1  # batch sizes the gate prices: the longest draft a round makes (settings.MAX_DRAFT_K)
+HORIZON = MAX_DRAFT_K + 1  # batch sizes the gate prices: the longest round (its drafts and one token)
 FREE_LOOK = 0.01  # a draft step under this share of a target token is free: the gate judges every round
 RECHECK_EVERY = 16  # a hopeless source looks again in one generation of this many (the load may change)
 # Within a generation a hopeless source is looked at again once the rounds since its verdict (or its last

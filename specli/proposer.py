@@ -17,6 +17,7 @@ from specli.drafters.base import Draft, Drafter
 from specli.events import Holdback
 from specli.policy import AutoK, DraftPolicy, FixedK, Learned, RoundReport
 from specli.sampling import Sampler
+from specli.settings import AUTO
 from specli.verify import Verdict, acceptance_of
 
 
@@ -172,7 +173,7 @@ def make_proposer(
     the engine's `costs` and `learned` (kept across generations)."""
     if drafter is None:
         return Proposer()
-    if draft_max == "auto":
+    if draft_max == AUTO:
         of_text = frozenset(s.name for s in drafter.sources if s.confidence_of_text)
         blocks = {s.name: s.block for s in drafter.sources if s.block}
         return DraftingProposer(drafter, AutoK(costs, learned, text_sources=of_text, block_sources=blocks))

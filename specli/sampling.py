@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import functools
 import math
-import secrets
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from specli.settings import DEFAULTS, SAMPLER_RANGES, SETTINGS, RunSettings, temperature_problem
 
 # Ids are grouped in fixed blocks of this many: a block's maximum logit bounds all of its ids.
 BLOCK = 256
@@ -39,50 +39,16 @@ class SamplingError(ValueError):
     """Logits or settings that cannot give a distribution (NaN/inf logits, nothing left to sample)."""
 
 
-# Below this a temperature is greedy in all but name, and 1/T (with logits of a few tens) heads for
-# float32 overflow: 1e-40 gave infinite logits and "no mass". llama.cpp has no lower bound of its own.
-MIN_TEMPERATURE = 1e-4
-MAX_TOP_K = 2**31 - 1
-# Where a generation's filters run (--sampling-on): in llama.cpp's graph, on the host, or chosen.
-SAMPLING_ON = ("auto", "backend", "host")
-
-
-@dataclass(frozen=True)
-class Range:
-    """What a sampler setting may be: the check and how to say it. The one statement of these rules:
-    SamplingParams checks its fields with them, and specli.settings every flag, models.toml key and
-    request field of the same settings."""
-
-    valid: Callable[[float], bool]
-    expected: str
-
-
-def temperature_problem(t: float) -> str | None:
-    """A temperature in range that is still unusable (None: fine)."""
-    if 0 < t < MIN_TEMPERATURE:
-        return (f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {t:g}: a smaller temperature "
-                "is greedy in all but name and overflows the arithmetic")
-    return None
-
-
-SAMPLER_RANGES: dict[str, Range] = {
-    "temperature": Range(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 is greedy)"),
-    "top_k": Range(lambda v: 0 <= v <= MAX_TOP_K, "a whole number >= 0 (0: off)"),
-    "top_p": Range(lambda v: 0 < v <= 1, "a number in (0, 1] (1: off)"),
-    "min_p": Range(lambda v: 0 <= v <= 1, "a number in [0, 1] (0: off)"),
-}
-
-
 @dataclass(frozen=True)
 class SamplingParams:
-    """The sampler of one generation. Its defaults are the plain sampler (temperature 0.8, no filters);
-    the commands' defaults (llama.cpp's top-k 40, top-p 0.95, min-p 0.05) are specli.settings.RunSettings',
-    which builds these for every front end."""
+    """The sampler of one generation. Its defaults are the plain sampler (the default temperature, every
+    filter off: specli.settings.SETTINGS' `off`); the commands' defaults (llama.cpp's filters) are
+    RunSettings', from which `of` builds these for every front end."""
 
-    temperature: float = 0.8
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1.0: off
-    min_p: float = 0.0  # 0.0: off
+    temperature: float = DEFAULTS.temp
+    top_k: int = SETTINGS["top_k"].off
+    top_p: float = SETTINGS["top_p"].off
+    min_p: float = SETTINGS["min_p"].off
     banned: tuple[int, ...] = ()  # ids that are never sampled (--ignore-eos bans end-of-generation)
 
     def __post_init__(self) -> None:
@@ -92,6 +58,12 @@ class SamplingParams:
                 raise ValueError(f"{name} must be {rule.expected}, got {value}")
         if (problem := temperature_problem(self.temperature)) is not None:
             raise ValueError(f"temperature {problem}")
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> SamplingParams:
+        """The sampler of a run with these settings."""
+        return cls(temperature=settings.temp, top_k=settings.top_k, top_p=settings.top_p,
+                   min_p=settings.min_p)
 
     @property
     def greedy(self) -> bool:
@@ -103,10 +75,8 @@ class SamplingParams:
         return replace(self, banned=()) if self.banned else self
 
 
-def random_seed() -> int:
-    """A random seed for keyed noise (0 .. 2**32 - 1, what `--seed` takes): the one place specli draws
-    one (settings, for a run without --seed; the engine, for an API caller's GenerationParams without)."""
-    return secrets.randbelow(2**32)
+# The figures to quote as "default sampling" (lab's comparisons): the commands' sampler.
+DEFAULT_SAMPLING = SamplingParams.of(DEFAULTS)
 
 
 # -- keyed noise ---------------------------------------------------------------------------------------

@@ -1,28 +1,30 @@
 """Every setting of a run, a chat, a bench or a server, with its default and its range, written once.
 
+`SETTINGS` is the table: a row per setting (its default, its range, its help, its flags and the commands
+that take them, its models.toml key, its request field). Everything else reads it: `RunSettings` and
+`DEFAULTS` (the defaults as a record), the engine's `GenerationParams`, `SamplingParams`, `ModelOptions`
+and `api.load` (their field defaults), each command's options (specli.flags), models.toml's keys and a
+request's fields. A new setting is one row.
+
 Values come from several sources, each a partial update checked by the same rules: the command's
 built-in defaults < models.toml's [defaults] < the model's own table < command-line flags (< chat's
 slash commands, or a request's fields). `parse_updates` checks one source's values and `RunSettings.merged`
 applies them; a wrong value raises `SettingError`, which names the option as the user typed it there
 (`--temp`, `models.toml:3: defaults.temp`, `/temp`, `temperature`). Front ends turn it into their own
-error (the CLI: exit 2). `RunSettings.generation_params` is the one place a `GenerationParams` is built
-and a random seed drawn.
+error (the CLI: exit 2).
 
-Nothing here imports a front end (typer, rich): the CLI, chat, bench and the server all fill this record.
+This module is at the bottom of the package: it imports nothing of specli's, so that every layer above
+(sampling, the engine, the front ends) can take its defaults from here.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
-
-from specli.sampling import SAMPLER_RANGES, SAMPLING_ON, SamplingParams, random_seed, temperature_problem
-
-if TYPE_CHECKING:
-    from specli.engine import GenerationParams
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 
 class UsageProblem(Exception):
@@ -62,6 +64,16 @@ MAX_THREADS = 512
 THREADS_PER_CORE = 8
 MAX_INT32 = 2**31 - 1
 AUTO = "auto"
+# Below this a temperature is greedy in all but name, and 1/T (with logits of a few tens) heads for
+# float32 overflow: 1e-40 gave infinite logits and "no mass". llama.cpp has no lower bound of its own.
+MIN_TEMPERATURE = 1e-4
+MAX_TOP_K = 2**31 - 1
+# Where a generation's filters run (--sampling-on): in llama.cpp's graph, on the host, or chosen.
+SAMPLING_ON = (AUTO, "backend", "host")
+# Where `specli serve` listens, and where `specli export`'s commands listen: loopback (nothing outside this
+# machine reaches the model unless asked) on llama-server's port.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
 
 
 def usable_cores() -> int:
@@ -77,103 +89,173 @@ def thread_limit() -> int:
     return min(MAX_THREADS, THREADS_PER_CORE * usable_cores())
 
 
+def random_seed() -> int:
+    """A random seed for keyed noise (0 .. MAX_SEED, what `--seed` takes): the one place specli draws
+    one (RunSettings.seeded, for a run without --seed; the engine, for an API caller's GenerationParams
+    without)."""
+    return secrets.randbelow(MAX_SEED + 1)
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a sampler setting may be: the check and how to say it. The one statement of these rules:
+    sampling.SamplingParams checks its fields with them, and SETTINGS every flag, models.toml key and
+    request field of the same settings."""
+
+    valid: Callable[[float], bool]
+    expected: str
+
+
+def temperature_problem(t: float) -> str | None:
+    """A temperature in range that is still unusable (None: fine)."""
+    if 0 < t < MIN_TEMPERATURE:
+        return (f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {t:g}: a smaller temperature "
+                "is greedy in all but name and overflows the arithmetic")
+    return None
+
+
+# Keyed by SamplingParams' field names.
+SAMPLER_RANGES: dict[str, Range] = {
+    "temperature": Range(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 is greedy)"),
+    "top_k": Range(lambda v: 0 <= v <= MAX_TOP_K, "a whole number >= 0 (0: off)"),
+    "top_p": Range(lambda v: 0 < v <= 1, "a number in (0, 1] (1: off)"),
+    "min_p": Range(lambda v: 0 <= v <= 1, "a number in [0, 1] (0: off)"),
+}
+
+# The commands whose options are settings (specli.flags puts each row's flag on those in its `commands`).
+RUN, BENCH, CHAT, SERVE, EXPORT, DEMO = "run", "bench", "chat", "serve", "export", "demo"
+LOADING = (RUN, BENCH, CHAT, SERVE, EXPORT)  # every command that runs (or exports) a pair of models
+GENERATING = (RUN, CHAT, SERVE, EXPORT)  # ... but bench, which compares lists of k and temperatures
+
+
 @dataclass(frozen=True)
 class Setting:
-    """One setting: its name (the field, the models.toml key), its flag, the kind of value, what a valid
-    value is (`expected`, for messages), the check, and the help text."""
+    """One setting: its name (the field, the models.toml key), its default, its flag, the kind of value,
+    what a valid value is (`expected`, for messages), the check, the help text, and the commands that
+    take its flag."""
 
     name: str
+    default: Any
     flag: str
     kind: str  # "int" | "float" | "bool" | "k" | "seed" | "stops" | "choice" (one of `choices`)
     expected: str
     valid: Callable[[Any], bool]
     help: str
+    commands: tuple[str, ...]
+    short: str = ""  # its one-letter (or llama.cpp-style) flag: -n, -k, -s ...
     # A further check with its own message (None: fine); runs after `valid`.
     problem: Callable[[Any], str | None] | None = None
     # Its field in an OpenAI-style request (`specli serve`; llama-server's names where OpenAI has none),
     # None: not settable per request (it shapes the loaded models).
     request: str | None = None
     choices: tuple[str, ...] = ()  # kind "choice": its values
+    off: Any = None  # a filter's value that turns it off (SamplingParams' defaults: the plain sampler)
+    negation: str = ""  # a bool's flag that says false (--no-same-as-plain), where it has one
+    # A command's own wording of the help, or its own negation flag (bench: --stop-at-eos).
+    help_for: Mapping[str, str] = field(default_factory=dict)
+    negation_for: Mapping[str, str] = field(default_factory=dict)
 
 
 def _sampler(name: str) -> tuple[str, Callable[[Any], bool]]:
-    """A sampler setting's rule (sampling.SAMPLER_RANGES, the one statement of it): expected, valid."""
+    """A sampler setting's rule (SAMPLER_RANGES, the one statement of it): expected, valid."""
     rule = SAMPLER_RANGES[name]
     return rule.expected, rule.valid
 
 
+# In the order of the commands' --help and of messages that list settings. Defaults: llama.cpp's sampler
+# (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8) and context, `-k auto`, same-as-plain,
+# batch-invariant arithmetic.
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("temp", "--temp", "float", *_sampler("temperature"), "Temperature; 0 is greedy.",
-            temperature_problem, request="temperature"),
-    Setting("top_k", "--top-k", "int", *_sampler("top_k"), "Keep the k most likely tokens (0: off).",
-            request="top_k"),
-    Setting("top_p", "--top-p", "float", *_sampler("top_p"), "Nucleus sampling mass, in (0, 1] (1: off).",
-            request="top_p"),
-    Setting("min_p", "--min-p", "float", *_sampler("min_p"), "Drop tokens below P × the top probability "
-            "(0: off).", request="min_p"),
-    Setting("draft_max", "--draft-max", "k", f'a whole number from 0 to {MAX_DRAFT_K}, or "auto"',
+    Setting("temp", 0.8, "--temp", "float", *_sampler("temperature"), "Temperature; 0 is greedy.",
+            (*GENERATING, DEMO), problem=temperature_problem, request="temperature"),
+    Setting("top_k", 40, "--top-k", "int", *_sampler("top_k"), "Keep the k most likely tokens (0: off).",
+            LOADING, request="top_k", off=0),
+    Setting("top_p", 0.95, "--top-p", "float", *_sampler("top_p"),
+            "Nucleus sampling mass, in (0, 1] (1: off).", LOADING, request="top_p", off=1.0),
+    Setting("min_p", 0.05, "--min-p", "float", *_sampler("min_p"),
+            "Drop tokens below P × the top probability (0: off).", LOADING, request="min_p", off=0.0),
+    Setting("draft_max", AUTO, "--draft-max", "k", f'a whole number from 0 to {MAX_DRAFT_K}, or "auto"',
             lambda v: v == AUTO or 0 <= v <= MAX_DRAFT_K,
             f"Tokens drafted per round (0..{MAX_DRAFT_K}), or 'auto': chosen from measured costs and "
-            "draft confidence.", request="speculative.n_max"),
-    Setting("draft_p_min", "--draft-p-min", "float", "a number in [0, 1]", lambda v: 0 <= v <= 1,
-            "Stop drafting in a round when the draft's top probability falls below P.",
+            "draft confidence.", (*GENERATING, DEMO), short="-k", request="speculative.n_max",
+            help_for={DEMO: "Tokens drafted per round, or 'auto' (the synthetic pair: 3, so the colours "
+                            "show)."}),
+    Setting("draft_p_min", 0.0, "--draft-p-min", "float", "a number in [0, 1]", lambda v: 0 <= v <= 1,
+            "Stop drafting in a round when the draft's top probability falls below P.", LOADING,
             request="speculative.p_min"),
-    Setting("max_tokens", "--max-tokens", "int", "a whole number >= 1", lambda v: 1 <= v <= MAX_INT32,
-            "Tokens to generate at most.", request="max_tokens"),
-    Setting("seed", "--seed", "seed", f"a whole number from 0 to {MAX_SEED}, or -1 for a random seed",
+    Setting("max_tokens", 256, "--max-tokens", "int", "a whole number >= 1",
+            lambda v: 1 <= v <= MAX_INT32, "Tokens to generate at most.", (RUN, BENCH, CHAT, SERVE, DEMO),
+            short="-n", request="max_tokens",
+            help_for={BENCH: "Tokens per run.", CHAT: "Tokens per reply at most.",
+                      SERVE: "Tokens per reply at most, unless a request says."}),
+    Setting("seed", None, "--seed", "seed", f"a whole number from 0 to {MAX_SEED}, or -1 for a random seed",
             lambda v: v is None or 0 <= v <= MAX_SEED,
-            "Random seed (-1: random; the one used is in --json).", request="seed"),
-    Setting("stop", "--stop", "stops", "a non-empty text", lambda v: True,
-            "Stop when this text appears (repeatable).", request="stop"),
-    Setting("same_as_plain", "--same-as-plain", "bool", "true or false", lambda v: True,
+            "Random seed (-1: random; the one used is in --json).", LOADING, short="-s", request="seed",
+            help_for={BENCH: "Seed of the first pair (pairs share a seed; -1: random).",
+                      CHAT: "Random seed of the first reply (reply i uses seed + i; -1: random).",
+                      SERVE: "Seed of every request that gives none (-1: random)."}),
+    Setting("stop", (), "--stop", "stops", "a non-empty text", lambda v: True,
+            "Stop when this text appears (repeatable).", (RUN, SERVE), request="stop"),
+    Setting("same_as_plain", True, "--same-as-plain", "bool", "true or false", lambda v: True,
             "Accept a draft token only where it equals the target's own draw, so a seeded run prints "
             "exactly what --no-draft prints (default). --no-same-as-plain: the classic rejection rule, "
             "higher acceptance with a draft model, same distribution, but not plain's tokens.",
-            request="same_as_plain"),
-    Setting("ignore_eos", "--ignore-eos", "bool", "true or false", lambda v: True,
-            "Never stop at end-of-text: generate -n tokens.", request="ignore_eos"),
-    Setting("batch_invariant", "--batch-invariant", "bool", "true or false", lambda v: True,
+            LOADING, request="same_as_plain", negation="--no-same-as-plain"),
+    Setting("ignore_eos", False, "--ignore-eos", "bool", "true or false", lambda v: True,
+            "Never stop at end-of-text: generate -n tokens.", (RUN, BENCH, SERVE, EXPORT),
+            request="ignore_eos",
+            help_for={BENCH: "Generate exactly -n tokens per run, as llama-bench (default), or stop at "
+                             "end-of-text."},
+            negation_for={BENCH: "--stop-at-eos"}),
+    Setting("batch_invariant", True, "--batch-invariant", "bool", "true or false", lambda v: True,
             "Arithmetic that gives a token the same logits in any batch (default), so a seeded run prints "
             "the same text every time and speculation prints --no-draft's tokens on any quantization. "
             "--no-batch-invariant: llama.cpp's fastest CPU kernels, whose rounding depends on the batch "
-            "(on Gemma 3 270M Q4_K_M prompts evaluate 1.1-1.3x and n-gram speculation runs ~5 % faster)."),
-    Setting("sampling_on", "--sampling-on", "choice", "auto, backend or host",
+            "(on Gemma 3 270M Q4_K_M prompts evaluate 1.1-1.3x and n-gram speculation runs ~5 % faster).",
+            LOADING, negation="--no-batch-invariant"),
+    Setting("sampling_on", AUTO, "--sampling-on", "choice", "auto, backend or host",
             lambda v: v in SAMPLING_ON,
             "Where the filters (top-k, top-p, min-p) run: backend, in llama.cpp's graph, so only their "
             "survivors reach Python (needs top-k, or temp 0); host, over the whole row in numpy; auto: "
             "backend when the target is offloaded to a GPU, host on a CPU (faster there).",
-            choices=SAMPLING_ON),
-    Setting("ctx", "--ctx", "int", f"a whole number from {MIN_CONTEXT} to {MAX_CONTEXT} (tokens of context)",
-            lambda v: MIN_CONTEXT <= v <= MAX_CONTEXT, "Context size in tokens."),
-    Setting("threads", "--threads", "int", f"a whole number from 0 to {MAX_THREADS} (0: one per core)",
-            lambda v: 0 <= v <= MAX_THREADS, "CPU threads (0: one per core)."),
-    Setting("gpu_layers", "--gpu-layers", "int", "a whole number >= 0 (or -1: all layers)",
-            lambda v: -1 <= v <= MAX_INT32, "Layers to offload to the GPU (Metal/CUDA builds; -1: all)."),
+            (RUN, BENCH, CHAT, SERVE), choices=SAMPLING_ON),
+    Setting("ctx", 4096, "--ctx", "int", f"a whole number from {MIN_CONTEXT} to {MAX_CONTEXT} (tokens of "
+            "context)", lambda v: MIN_CONTEXT <= v <= MAX_CONTEXT, "Context size in tokens.", LOADING,
+            short="-c"),
+    Setting("threads", 0, "--threads", "int", f"a whole number from 0 to {MAX_THREADS} (0: one per core)",
+            lambda v: 0 <= v <= MAX_THREADS, "CPU threads (0: one per core).", (*LOADING, DEMO), short="-t"),
+    Setting("gpu_layers", 0, "--gpu-layers", "int", "a whole number >= 0 (or -1: all layers)",
+            lambda v: -1 <= v <= MAX_INT32, "Layers to offload to the GPU (Metal/CUDA builds; -1: all).",
+            LOADING, short="-ngl"),
 )}
 SETTING_NAMES: tuple[str, ...] = tuple(SETTINGS)
 
 
+def _default(name: str) -> Any:
+    return SETTINGS[name].default
+
+
 @dataclass(frozen=True)
 class RunSettings:
-    """The effective settings of a run (after every source is merged). Defaults: llama.cpp's sampler
-    settings (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8), `-k auto`, same-as-plain."""
+    """The effective settings of a run (after every source is merged); by default, SETTINGS' defaults.
+    A seed of None: a random seed per generation."""
 
-    temp: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    draft_max: int | str = AUTO
-    draft_p_min: float = 0.0
-    max_tokens: int = 256
-    seed: int | None = None  # None: a random seed per generation
-    stop: tuple[str, ...] = ()
-    same_as_plain: bool = True
-    ignore_eos: bool = False
-    batch_invariant: bool = True
-    sampling_on: str = "auto"
-    ctx: int = 4096
-    threads: int = 0  # 0: one per core
-    gpu_layers: int = 0
+    temp: float = _default("temp")
+    top_k: int = _default("top_k")
+    top_p: float = _default("top_p")
+    min_p: float = _default("min_p")
+    draft_max: int | str = _default("draft_max")
+    draft_p_min: float = _default("draft_p_min")
+    max_tokens: int = _default("max_tokens")
+    seed: int | None = _default("seed")
+    stop: tuple[str, ...] = _default("stop")
+    same_as_plain: bool = _default("same_as_plain")
+    ignore_eos: bool = _default("ignore_eos")
+    batch_invariant: bool = _default("batch_invariant")
+    sampling_on: str = _default("sampling_on")
+    ctx: int = _default("ctx")
+    threads: int = _default("threads")
+    gpu_layers: int = _default("gpu_layers")
 
     def merged(self, *updates: Mapping[str, Any]) -> RunSettings:
         """These settings with each checked update (from `parse_updates`) applied in turn."""
@@ -187,12 +269,8 @@ class RunSettings:
         """These settings with raw `values` from `source`, checked (SettingError) and applied."""
         return self.merged(parse_updates(values, source))
 
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
-
     def seeded(self) -> RunSettings:
-        """These settings with a concrete seed (sampling.random_seed when none is set)."""
+        """These settings with a concrete seed (random_seed when none is set)."""
         return self if self.seed is not None else replace(self, seed=random_seed())
 
     def seed_at(self, offset: int) -> int:
@@ -200,17 +278,6 @@ class RunSettings:
         plus the offset, wrapped within the seed range so each can be given back to `--seed`."""
         assert self.seed is not None
         return (self.seed + offset) % (MAX_SEED + 1)
-
-    def generation_params(self, seed_offset: int = 0) -> GenerationParams:
-        """The engine's parameters for one generation (the one place they are built); without a seed,
-        a random one (see `seeded`)."""
-        from specli.engine import GenerationParams
-
-        return GenerationParams(
-            max_tokens=self.max_tokens, sampling=self.sampling, seed=self.seeded().seed_at(seed_offset),
-            stop=self.stop, draft_max=self.draft_max, ignore_eos=self.ignore_eos,
-            same_as_plain=self.same_as_plain, draft_p_min=self.draft_p_min, sampling_on=self.sampling_on,
-        )
 
     def validate(self) -> RunSettings:
         """Check every value (for settings built in code rather than parsed): SettingError naming the
@@ -227,30 +294,30 @@ class RunSettings:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-# The built-in defaults of each command, where they differ from RunSettings'.
+DEFAULTS = RunSettings()  # every setting's default, as a record (DEFAULTS.temp ...)
+
+# The built-in defaults of each command, where they differ from SETTINGS'.
 COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
-    "run": {},
-    "chat": {"max_tokens": 512},
+    RUN: {},
+    EXPORT: {},  # the command line of a server that runs as `specli run` would
+    CHAT: {"max_tokens": 512},
     # As llama-bench: every run generates exactly -n tokens; pairs are seeded from 0 unless -s says.
-    "bench": {"max_tokens": 128, "ctx": 2048, "seed": 0, "ignore_eos": True},
+    BENCH: {"max_tokens": 128, "ctx": 2048, "seed": 0, "ignore_eos": True},
     # Gemma 3 270M with n-gram lookup: text, panel, verdict and next steps fit a 40-line terminal.
-    "demo": {"max_tokens": 120, "temp": 0.0},
+    DEMO: {"max_tokens": 120, "temp": 0.0},
     "demo-synthetic": {"max_tokens": 96, "temp": 0.0, "draft_max": 3},  # a fixed k, so the colours show
     # Chat UIs and OpenAI's clients send no max_tokens unless told to: a reply runs to its end of text.
-    "serve": {"max_tokens": 4096},
+    SERVE: {"max_tokens": 4096},
 }
 
 
 # Settings a command replaces with its own options (bench: its --temp and -k lists), so a bad value of
 # them in models.toml does not concern it.
-UNUSED_BY_COMMAND: dict[str, frozenset[str]] = {"bench": frozenset({"temp", "draft_max"})}
+UNUSED_BY_COMMAND: dict[str, frozenset[str]] = {BENCH: frozenset({"temp", "draft_max"})}
 
 
 def defaults_for(command: str) -> RunSettings:
-    return RunSettings().merged(COMMAND_DEFAULTS[command])
-
-
-DEFAULT_SAMPLING = RunSettings().sampling  # the figures to quote as "default sampling"
+    return DEFAULTS.merged(COMMAND_DEFAULTS[command])
 
 
 # -- sources --------------------------------------------------------------------------------------------

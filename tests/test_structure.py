@@ -90,6 +90,17 @@ CORE = ("llama", "sampling", "verify", "drafters.base", "drafters.model", "draft
         "runplan", "config", "signals", "text")
 
 
+def test_settings_are_at_the_bottom_of_the_house() -> None:
+    """The table of every setting and its default imports nothing of specli's (no engine, no front end),
+    so that every layer can take its defaults from it; and nothing but front ends reads the flags."""
+    modules = _modules()
+    assert _imports(PACKAGE / "settings.py", modules, typing_too=True) == set()
+    front_ends = ("specli.cli", "specli.flags", "specli.show", "specli.demo", "specli.bench.command")
+    for name, path in modules.items():
+        if "specli.flags" in _imports(path, modules):
+            assert name in front_ends, f"{name} builds command-line options"
+
+
 @pytest.mark.parametrize("module", ["specli", "specli.api", *(f"specli.{m}" for m in CORE)])
 def test_the_core_loads_no_front_end(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in ('typer', 'rich', 'click') if m in sys.modules))"
@@ -111,7 +122,8 @@ def test_the_launcher_imports_nothing_heavy() -> None:
 def test_the_synthetic_model_writer_is_not_in_the_runtime_package() -> None:
     assert not (PACKAGE / "synth").exists()
     for path in PACKAGE.rglob("*.py"):
-        assert "specli_synth" not in path.read_text(encoding="utf-8") or path.name == "cli.py", path
+        # The demo builds its synthetic pair with specli-synth when it is installed, and says so when not.
+        assert "specli_synth" not in path.read_text(encoding="utf-8") or path == PACKAGE / "demo.py", path
 
 
 # -- the drafter registry ---------------------------------------------------------------------------------
@@ -148,8 +160,7 @@ def test_drafters_take_their_names_from_the_registry() -> None:
 
 
 def test_the_policy_prices_the_longest_round() -> None:
-    """policy.HORIZON restates settings.MAX_DRAFT_K + 1 (the policy cannot import settings without a
-    circle through the engine): they must agree."""
+    """The gate prices every batch a round can verify: the longest draft settings allow, and one token."""
     from specli.policy import HORIZON
     from specli.settings import MAX_DRAFT_K
 

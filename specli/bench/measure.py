@@ -157,7 +157,7 @@ def _warm_up(loaded: _LoadedPair, config: BenchConfig, prompt: list[int],
     settings = replace(config.run_settings(config.temps[-1], k), max_tokens=n)
     for engine in (loaded.plain, loaded.spec):
         loaded.reset()
-        engine.generate(prompt, settings.generation_params()).complete()
+        engine.generate(prompt, GenerationParams.of(settings)).complete()
         _step(progress, "speculative" if engine is loaded.spec else "plain")
 
 
@@ -261,7 +261,7 @@ def _run_pairs(loaded: _LoadedPair, config: BenchConfig, prompts: list[BenchProm
             for pi, (prompt, tokens) in enumerate(zip(prompts, tokenized, strict=True)):
                 for rep in range(config.repeat):
                     # The same seed for both halves, and across configs.
-                    params = settings.generation_params(seed_offset=1000 * pi + rep)
+                    params = GenerationParams.of(settings, seed_offset=1000 * pi + rep)
                     seed = params.seed
                     done: list[RunRecord] = []
                     outputs: dict[str, list[int]] = {}

@@ -272,4 +272,4 @@ class BenchConfig:
         return replace(self.settings, temp=temperature, draft_max=k)
 
     def sampling(self, temperature: float) -> SamplingParams:
-        return replace(self.settings, temp=temperature).sampling
+        return SamplingParams.of(replace(self.settings, temp=temperature))

@@ -166,7 +166,7 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
              console: Console | None = None, err_console: Console | None = None) -> int:
     """Chat until Ctrl-D, /exit or end of input; returns the exit code (0, 1 after a failed turn in
     piped mode, 130 after Ctrl-C twice at the prompt or once in piped mode, 143 after SIGTERM)."""
-    from specli.ui.stream import TokenPrinter, legend
+    from specli.ui.stream import TokenPrinter
 
     input_stream = input_stream if input_stream is not None else sys.stdin
     console = console or make_console()
@@ -186,38 +186,44 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
     printer = (TokenPrinter(console, show_rejected=options.show_rejected, sources=sources)
                if console.is_terminal else None)
 
-    save_history: Callable[[], None] = lambda: None  # noqa: E731
     if interactive:
-        save_history = _setup_readline(default_history_path() if options.history else None)
-        read_line = _terminal_reader()
-        draft_name = spec.drafter.name if spec.drafter else "no draft"
-        say(f"chatting with {spec.target.path.name} · {draft_name} · context {spec.target.n_ctx} · "
-            "/help for commands, Ctrl-D to leave")
-        if spec.drafter is not None and (shown := legend(options.show_rejected, sources,
-                                                         styled=shows_styles(console))):
-            console.print(shown)
+        read_line, save_history = _open_terminal(spec, options, console, say)
     else:
-        read_line = _stream_reader(input_stream)
+        read_line, save_history = _stream_reader(input_stream), lambda: None
     if session.template_notice:
         say(f"note: {session.template_notice}", "yellow")
-    prompt = _ansi_prompt("> ", interactive and console.color_system is not None)
-    continuation = _ansi_prompt("… ", interactive and console.color_system is not None)
-
-    exit_code = EXIT_OK
-    ctrl_c_at_prompt = False
-    open_block_at_eof = False
-
-    def block_left_open() -> None:
-        nonlocal open_block_at_eof
-        open_block_at_eof = True
-        if interactive:
-            console.print()
-        error('end of input inside a """ block: sending what it holds (close a block with """)')
-
     try:
+        return _Turns(session, console, printer, say, error, interactive).run(read_line)
+    finally:
+        save_history()
+
+
+class _Turns:
+    """The loop of a chat: read a message (or a slash command), answer it, until the input ends; what
+    it has met so far decides the exit code."""
+
+    def __init__(self, session: ChatSession, console: Console, printer: Callable[[Event], None] | None,
+                 say: Callable[..., None], error: Callable[[str], None], interactive: bool) -> None:
+        self.session, self.console, self.printer = session, console, printer
+        self.say, self.error, self.interactive = say, error, interactive
+        self.exit_code = EXIT_OK
+        self.open_block_at_eof = False
+
+    def block_left_open(self) -> None:
+        self.open_block_at_eof = True
+        if self.interactive:
+            self.console.print()
+        self.error('end of input inside a """ block: sending what it holds (close a block with """)')
+
+    def run(self, read_line: ReadLine) -> int:
+        """Chat until the input ends (the exit code so far), /exit, or an interruption that ends it."""
+        session, console, interactive, say = self.session, self.console, self.interactive, self.say
+        colour = interactive and console.color_system is not None
+        prompt, continuation = _ansi_prompt("> ", colour), _ansi_prompt("… ", colour)
+        ctrl_c_at_prompt = False
         while True:
             try:
-                message = read_message(read_line, prompt, continuation, block_left_open)
+                message = read_message(read_line, prompt, continuation, self.block_left_open)
             except KeyboardInterrupt as e:
                 if ctrl_c_at_prompt or not interactive or isinstance(e, signals.Terminated):
                     if interactive:
@@ -231,17 +237,17 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
             if message is None:
                 if interactive:
                     console.print()
-                return exit_code
+                return self.exit_code
             if not message.strip():
                 continue
             if message.startswith("/") and not message.startswith("//"):
                 result = session.command(message)
                 if result.failed and not interactive:
-                    exit_code = EXIT_RUNTIME  # a script's /save that wrote nothing must not look fine
+                    self.exit_code = EXIT_RUNTIME  # a script's /save that wrote nothing must not look fine
                 if result.exit:
-                    return exit_code
+                    return self.exit_code
                 if result.error:
-                    error(result.text)
+                    self.error(result.text)
                 elif result.text:
                     say(result.text)
                 continue
@@ -250,18 +256,33 @@ def run_chat(spec: Speculator, options: ChatOptions, *, input_stream: TextIO | N
             if not interactive:
                 # stdout carries only the replies: stderr says which line each one answers.
                 say(f"[{len(session.turns) + 1}] > {_first_line(message)}")
-            outcome = _reply(session, message, console=console, printer=printer, say=say, error=error,
-                             numbered=not interactive)
+            outcome = _reply(session, message, console=console, printer=self.printer, say=say,
+                             error=self.error, numbered=not interactive)
             if outcome == "failed" and not interactive:
-                exit_code = EXIT_RUNTIME
+                self.exit_code = EXIT_RUNTIME
             if outcome == "interrupted" and (not interactive or signals.terminated()):
                 # A script (or SIGTERM) means stop: the partial reply is shown, the rest is not read,
                 # and the exit code says so.
                 return signals.exit_code()
-            if open_block_at_eof and not interactive:
-                exit_code = EXIT_RUNTIME  # the input was cut short
-    finally:
-        save_history()
+            if self.open_block_at_eof and not interactive:
+                self.exit_code = EXIT_RUNTIME  # the input was cut short
+
+
+def _open_terminal(spec: Speculator, options: ChatOptions, console: Console,
+                   say: Callable[[str], None]) -> tuple[ReadLine, Callable[[], None]]:
+    """Terminal input (readline, its history unless --no-history) and the greeting: what to read lines
+    with, and what saves the history at the end."""
+    from specli.ui.stream import legend
+
+    save_history = _setup_readline(default_history_path() if options.history else None)
+    draft_name = spec.drafter.name if spec.drafter else "no draft"
+    say(f"chatting with {spec.target.path.name} · {draft_name} · context {spec.target.n_ctx} · "
+        "/help for commands, Ctrl-D to leave")
+    sources = spec.drafter.sources if spec.drafter else ()
+    if spec.drafter is not None and (shown := legend(options.show_rejected, sources,
+                                                     styled=shows_styles(console))):
+        console.print(shown)
+    return _terminal_reader(), save_history
 
 
 def _first_line(message: str, width: int = 72) -> str:

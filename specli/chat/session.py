@@ -205,7 +205,7 @@ class ChatSession:
 
     @property
     def sampling(self) -> SamplingParams:
-        return self.settings.sampling
+        return SamplingParams.of(self.settings)
 
     @property
     def draft_max(self) -> int | str:
@@ -240,7 +240,7 @@ class ChatSession:
 
     def generation_params(self) -> GenerationParams:
         """The next turn's: the session's settings, stopping where the template ends a reply."""
-        return self.format.reply_settings(self.settings).generation_params(seed_offset=len(self.turns))
+        return GenerationParams.of(self.format.reply_settings(self.settings), seed_offset=len(self.turns))
 
     def totals(self) -> SessionTotals:
         t = self.turns

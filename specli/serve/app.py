@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from specli.chat.prompt import ChatFormat
 from specli.chat_template import ChatTemplateError
 from specli.drafters.registry import colour_of
+from specli.engine import GenerationParams
 from specli.llama import PromptTooLong
 from specli.serve.bodies import MAX_BODIES_IN_FLIGHT, BodyBudget, declared_length, read_body
 from specli.serve.connections import HEAD_SECONDS
@@ -68,7 +69,7 @@ from specli.serve.worker import (
     NotAccepting,
     QueueFull,
 )
-from specli.settings import RunSettings
+from specli.settings import DEFAULT_HOST, RunSettings
 
 if TYPE_CHECKING:
     from specli.api import Speculator
@@ -88,7 +89,7 @@ class ServeOptions:
     api_key: str | None = None
     max_waiting: int = 8  # requests that may wait while one generates
     read_timeout: float = HEAD_SECONDS  # seconds for a request's head, and between parts of its body
-    host: str = "127.0.0.1"  # the address listened on: its name is a Host the server answers
+    host: str = DEFAULT_HOST  # the address listened on: its name is a Host the server answers
     allow_hosts: tuple[str, ...] = ()  # more names it answers for ("*": any)
     allow_origins: tuple[str, ...] = ()  # web pages (origins) that may call it, with CORS headers
     parse_special: bool = False  # a message's control-token texts are control tokens (else: text)
@@ -242,7 +243,7 @@ class Service:
             fresh = not completion.cache_prompt
             del completion  # the tokens stand for its text from here on
         reply = Reply(kind, self.options.alias, spec.drafter.name if spec.drafter else None)
-        job = Job(reply.id, tokens, settings.generation_params(), fresh=fresh)
+        job = Job(reply.id, tokens, GenerationParams.of(settings), fresh=fresh)
         try:
             self.worker.submit(job)
         except QueueFull:

@@ -33,6 +33,7 @@ from specli.bench.measure import BenchProgress
 from specli.bench.prediction import VerifyCurve
 from specli.bench.results import BenchResult, ConfigResult, Spread
 from specli.drafters.registry import DRAFTERS
+from specli.settings import AUTO
 
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 # A prediction off from the measured speedup by more than this factor either way is not shown: it
@@ -224,7 +225,7 @@ def curve_table(curve: VerifyCurve, ks: list, *, width: int = 28, c_draft: float
     table.add_column("", no_wrap=True)
     table.add_column("k = m − 1 pays when α >", justify="right")
     top = max(curve.ratio(p.m) for p in curve.points)
-    wanted = {int(k) for k in ks if k != "auto"}
+    wanted = {int(k) for k in ks if k != AUTO}
     for p in curve.points:
         k = p.m - 1
         be = curve.break_even_alpha(k, c_draft, c_pass) if k else None
@@ -283,7 +284,7 @@ def results_table(result: BenchResult, *, compact: bool = False) -> Table:
                      style=_speedup_style(sp.median) + (" bold" if is_best else ""))
         if not compact and sp.n > 1 and sp.p25 is not None and sp.p75 is not None:
             speed.append(f" {sp.p25:.2f}–{sp.p75:.2f}", style="dim")
-        k_text = str(c.k) if c.k != "auto" or c.mean_k is None else f"auto≈{c.mean_k:.1f}"
+        k_text = str(c.k) if c.k != AUTO or c.mean_k is None else f"{AUTO}≈{c.mean_k:.1f}"
         rates = (_rate(c.plain_tps), _rate(c.spec_tps)) if not compact else (
             _num(c.plain_tps.median and float(_sig(c.plain_tps.median)), "g"),
             _num(c.spec_tps.median and float(_sig(c.spec_tps.median)), "g"))

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 
 def is_a_terminal(stream: Any) -> bool:
@@ -30,3 +31,8 @@ def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
 def shows_styles(console: Console) -> bool:
     """Whether colours reach the reader (not TERM=dumb, not NO_COLOR, a terminal at all)."""
     return console.color_system is not None and not console.no_color
+
+
+def note(console: Console, text: str) -> None:
+    """A yellow "note:" and `text`, as one line (also on a pipe, however long)."""
+    console.print(Text.assemble(("note: ", "yellow"), text), soft_wrap=True)
