@@ -17,6 +17,16 @@ from specli.events import DoneEvent, Event, Holdback, Origin, PromptEvent, Round
 _ORIGIN_KEYS = {origin: origin.value for origin in Origin}  # an enum's .value is a slow property
 
 
+def speed(tokens: int, seconds: float) -> float | None:
+    """Tokens per second (None before any time has passed): the one rate every front end reports."""
+    return tokens / seconds if seconds > 0 else None
+
+
+def acceptance(accepted: int, drafted: int) -> float | None:
+    """Accepted / drafted (what llama.cpp reports as its acceptance rate; None: nothing drafted)."""
+    return accepted / drafted if drafted else None
+
+
 def expected_tokens_per_round(alpha: float, k: int) -> float:
     """E[tokens a round emits] with one acceptance rate: (1 - alpha^(k+1)) / (1 - alpha); k + 1 when
     alpha = 1 (costs.expected_tokens with a1 = a2 = alpha)."""
@@ -105,8 +115,7 @@ class GenerationStats:
 
     @property
     def acceptance_rate(self) -> float | None:
-        """Accepted / drafted (what llama.cpp reports as its acceptance rate)."""
-        return self.accepted / self.drafted if self.drafted else None
+        return acceptance(self.accepted, self.drafted)
 
     @property
     def alpha(self) -> float | None:
@@ -121,7 +130,7 @@ class GenerationStats:
 
     @property
     def tokens_per_second(self) -> float | None:
-        return self.n_generated / self.generation_seconds if self.generation_seconds > 0 else None
+        return speed(self.n_generated, self.generation_seconds)
 
     @property
     def draft_ms_per_token(self) -> float | None:

@@ -24,7 +24,7 @@ from specli.fileio import atomic_write_text
 from specli.llama import PromptTooLong, check_prompt_fits
 from specli.sampling import SamplingParams
 from specli.settings import MAX_DRAFT_K, RunSettings, Source, UsageProblem, defaults_for, valid_text
-from specli.stats import GenerationStats
+from specli.stats import GenerationStats, acceptance, speed
 
 MIN_REPLY_TOKENS = 64  # context kept free for the reply even when max_tokens is larger than a quarter
 # Once turns must go, trim to this share of the context: dropping just enough would make every later turn
@@ -92,11 +92,11 @@ class TurnRecord:
 
     @property
     def tokens_per_second(self) -> float | None:
-        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else None
+        return speed(self.generated_tokens, self.generation_seconds)
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        return acceptance(self.accepted, self.drafted)
 
     def to_dict(self) -> dict[str, Any]:
         rate, acc = self.tokens_per_second, self.acceptance_rate
@@ -131,11 +131,11 @@ class SessionTotals:
 
     @property
     def tokens_per_second(self) -> float | None:
-        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else None
+        return speed(self.generated_tokens, self.generation_seconds)
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        return acceptance(self.accepted, self.drafted)
 
 
 @dataclass(frozen=True)
