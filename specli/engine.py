@@ -231,10 +231,12 @@ class SpeculativeEngine:
             t_end = clock()
             yield from events
             k = len(draft.tokens)
-            yield RoundEvent(index, draft.drafter if k else None, k, verdict.n_accepted, emitted,
-                             t_drafted - t_start, t_verified - t_drafted, t_end - t_verified,
-                             target.decode_seconds + proposer.decode_seconds - decoded, t_end - gen_start,
-                             used if used < len(verdict.tokens) else None)
+            yield RoundEvent(
+                index=index, drafter=draft.drafter if k else None, k=k, accepted=verdict.n_accepted,
+                emitted=emitted, draft_seconds=t_drafted - t_start, verify_seconds=t_verified - t_drafted,
+                other_seconds=t_end - t_verified,
+                decode_seconds=target.decode_seconds + proposer.decode_seconds - decoded,
+                elapsed_seconds=t_end - gen_start, used=used if used < len(verdict.tokens) else None)
             index += 1
 
         if not stream.stopped:

@@ -36,7 +36,7 @@ class RejectedEvent:
     drafter: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)  # eleven fields: built by name, never by position
 class RoundEvent:
     index: int
     drafter: str | None  # None: plain round

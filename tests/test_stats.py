@@ -41,7 +41,8 @@ def _round_events(index: int, k: int, accepted: int, drafter: str | None, draft_
     last = Origin.PLAIN if k == 0 else (Origin.BONUS if accepted == k else Origin.CORRECTED)
     events.append(TokenEvent(200 + index, f"t{index} ", last, index))
     events.append(
-        RoundEvent(index, drafter if k else None, k, accepted, accepted + 1, draft_s, verify_s, 0.001)
+        RoundEvent(index=index, drafter=drafter if k else None, k=k, accepted=accepted, emitted=accepted + 1,
+                   draft_seconds=draft_s, verify_seconds=verify_s, other_seconds=0.001)
     )
     return events
 

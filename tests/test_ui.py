@@ -94,7 +94,8 @@ SYNTHETIC = [
     _token(" the", Origin.ACCEPTED, "draft"),
     _token(" mat", Origin.BONUS),
     RejectedEvent([9], "", 2, "ngram"),  # a rejected proposal with no text of its own
-    RoundEvent(2, "draft", 2, 2, 3, 0.0, 0.0, 0.0),
+    RoundEvent(index=2, drafter="draft", k=2, accepted=2, emitted=3, draft_seconds=0.0, verify_seconds=0.0,
+               other_seconds=0.0),
     DoneEvent("length", "The cat sat on the mat"),
 ]
 
