@@ -4,7 +4,8 @@ the memory a new allocation can get. Read from the operating system, never from 
 from __future__ import annotations
 
 import functools
-import os
+
+from specli.settings import usable_cores
 
 
 @functools.cache
@@ -32,10 +33,7 @@ def cpu_has_amx() -> bool:
 def default_threads() -> int:
     """Threads for decoding: the cores this process may use, halved on big machines whose logical
     cores are mostly SMT siblings (oversubscribing physical cores slows llama.cpp down)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        n = os.cpu_count() or 1
+    n = usable_cores()
     return n if n <= 4 else max(4, n // 2)
 
 

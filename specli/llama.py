@@ -27,7 +27,7 @@ from llama_cpp import llama_cpp_ext as llc_ext
 from specli import host
 from specli.fileio import regular_file_problem
 from specli.llama_log import ensure_backend
-from specli.settings import DEFAULTS
+from specli.settings import CONTEXT_PADDING, DEFAULTS, MAX_CONTEXT, MAX_DRAFT_K, MAX_INT32, MAX_THREADS
 
 if TYPE_CHECKING:
     from specli.sampling import SamplingParams
@@ -119,10 +119,6 @@ ARITHMETIC = ProcessArithmetic()
 
 
 _ATTR_UNUSED = 1 << 1  # include/llama.h, enum llama_token_attr
-# llama_context pads n_ctx up to a multiple of 256 (src/llama-context.cpp) and holds it in a uint32.
-CONTEXT_PADDING = 256
-MAX_CONTEXT = 2**32 - CONTEXT_PADDING
-MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
 
 
 def repacks(opts: ModelOptions) -> bool:
@@ -150,8 +146,8 @@ def _int_or(text: str | None, default: int) -> int:
 
 # Filtered rows a decode may ask for in its sequence: llama.cpp refuses (llama_decode returns -1) a decode
 # with more backend-sampled rows per sequence than its context was made for, and sizes its graph for that
-# many (the longest round: settings.MAX_DRAFT_K drafts and the pending token).
-FILTERED_ROWS = 65
+# many (the longest round: its drafts and the pending token).
+FILTERED_ROWS = MAX_DRAFT_K + 1
 # ggml_top_k asserts k <= the row's width: llama.cpp aborts the process (not an error code) beyond it.
 _NEG_INF = float("-inf")
 
@@ -307,9 +303,9 @@ def _check_options(opts: ModelOptions) -> None:
     """Refuse numbers llama.cpp takes as they come: out of range they crash it or wrap around."""
     if not 0 <= opts.n_threads <= MAX_THREADS:
         raise LlamaError(f"{opts.n_threads} threads: llama.cpp takes 0 (one per core) to {MAX_THREADS}")
-    if not -1 <= opts.n_gpu_layers <= 2**31 - 1:
-        raise LlamaError(f"{opts.n_gpu_layers} GPU layers: llama.cpp takes -1 (all) to {2**31 - 1}")
-    if not 1 <= opts.n_batch <= 2**31 - 1 or not 0 <= opts.max_rollback <= 2**31 - 2:
+    if not -1 <= opts.n_gpu_layers <= MAX_INT32:
+        raise LlamaError(f"{opts.n_gpu_layers} GPU layers: llama.cpp takes -1 (all) to {MAX_INT32}")
+    if not 1 <= opts.n_batch <= MAX_INT32 or not 0 <= opts.max_rollback <= MAX_INT32 - 1:
         raise LlamaError(f"batch {opts.n_batch} / rollback {opts.max_rollback} out of llama.cpp's range")
     if not 0 <= opts.n_ctx <= MAX_CONTEXT:
         raise LlamaError(

@@ -51,8 +51,9 @@ class SettingError(UsageProblem):
 
 
 MIN_CONTEXT = 16
-# llama.cpp holds n_ctx in a uint32 and pads it up to a multiple of 256 (src/llama-context.cpp).
-MAX_CONTEXT = 2**32 - 256
+# llama.cpp holds n_ctx in a uint32 and pads it up to a multiple of CONTEXT_PADDING (src/llama-context.cpp).
+CONTEXT_PADDING = 256
+MAX_CONTEXT = 2**32 - CONTEXT_PADDING
 MAX_SEED = 2**32 - 1
 RANDOM_SEED = -1  # llama.cpp's `-s -1`: a random seed (LLAMA_DEFAULT_SEED)
 MAX_DRAFT_K = 64
@@ -67,7 +68,7 @@ AUTO = "auto"
 # Below this a temperature is greedy in all but name, and 1/T (with logits of a few tens) heads for
 # float32 overflow: 1e-40 gave infinite logits and "no mass". llama.cpp has no lower bound of its own.
 MIN_TEMPERATURE = 1e-4
-MAX_TOP_K = 2**31 - 1
+MAX_TOP_K = MAX_INT32  # llama.cpp's top_k is an int32_t
 # Where a generation's filters run (--sampling-on): in llama.cpp's graph, on the host, or chosen.
 SAMPLING_ON = (AUTO, "backend", "host")
 # Where `specli serve` listens, and where `specli export`'s commands listen: loopback (nothing outside this
