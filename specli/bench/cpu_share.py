@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 
+from specli.costs import STARVED
 from specli.settings import usable_cores
 
 
@@ -12,8 +13,6 @@ class CpuShare:
     """How much of the machine this process got while a timed block ran: its CPU time over the wall
     time its threads could have used. Well below 1, other programs were taking the cores, and the
     rates measured meanwhile say more about them than about speculation."""
-
-    BUSY_BELOW = 0.7
 
     def __enter__(self) -> CpuShare:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
@@ -23,10 +22,11 @@ class CpuShare:
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
     def busy(self, threads: int) -> str | None:
-        """A note when the process got less than BUSY_BELOW of its threads' time, else None."""
+        """A note when the process got less than costs.STARVED of its threads' time (the share below
+        which the cost model distrusts a decode too), else None."""
         usable = max(1, min(threads, usable_cores()))
         share = self.cpu / (self.wall * usable) if self.wall > 0 else 1.0
-        if share >= self.BUSY_BELOW:
+        if share >= STARVED:
             return None
         load = ""
         if hasattr(os, "getloadavg"):
