@@ -22,9 +22,10 @@ def speed(tokens: int, seconds: float) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
-def acceptance(accepted: int, drafted: int) -> float | None:
-    """Accepted / drafted (what llama.cpp reports as its acceptance rate; None: nothing drafted)."""
-    return accepted / drafted if drafted else None
+def acceptance(accepted: int | None, drafted: int | None) -> float | None:
+    """Accepted / drafted (what llama.cpp reports as its acceptance rate; None: nothing drafted, or a
+    server that did not say)."""
+    return accepted / drafted if drafted and accepted is not None else None
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:

@@ -18,6 +18,7 @@ from specli.bench.results import (
     Spread,
 )
 from specli.bench.suite import BenchConfig, K
+from specli.stats import acceptance
 
 
 def aggregate(runs: list[RunRecord], config: BenchConfig, curve: VerifyCurve | None) -> list[ConfigResult]:
@@ -50,7 +51,7 @@ def aggregate_servers(runs: list[ServerRunRecord], config: BenchConfig) -> list[
                     ttft_seconds=Spread.of([r.ttft_seconds for r in rs]),
                     vs_plain=Spread.of([r.vs_plain for r in rs]),
                     drafted=drafted, accepted=accepted,
-                    acceptance_rate=accepted / drafted if drafted else None,
+                    acceptance_rate=acceptance(accepted, drafted),
                 ))
     return out
 
@@ -72,7 +73,7 @@ def _pooled(spec: list[RunRecord], curve: VerifyCurve | None) -> dict:
     c_draft = draft_s / drafted if drafted else None
     ks = [k for r in spec for k in r.k_per_round]
     return {
-        "acceptance_rate": accepted / drafted if drafted else None,
+        "acceptance_rate": acceptance(accepted, drafted),
         "alpha": alpha,
         "mean_accepted": accepted / drafting_rounds if drafting_rounds else None,
         "tokens_per_round": sum(r.n_generated for r in spec) / rounds if rounds else None,

@@ -26,7 +26,7 @@ from specli.bench.suite import AUTO, BenchConfig, BenchError, BenchPrompt, K
 from specli.drafters.base import Drafter
 from specli.engine import GenerationParams, SpeculativeEngine
 from specli.llama import Model
-from specli.stats import GenerationStats
+from specli.stats import GenerationStats, acceptance
 
 # -- progress (the UI implements it; None: silent) ---------------------------------------------------------
 
@@ -299,7 +299,7 @@ def _server_record(seq: int, server: str, temp: float, k: K, prompt: str, rep: i
         n_generated=response.n_generated, ttft_seconds=response.ttft_seconds,
         total_seconds=response.total_seconds, tokens_per_second=tps,
         server_tokens_per_second=response.server_tokens_per_second, drafted=drafted, accepted=accepted,
-        acceptance_rate=accepted / drafted if drafted and accepted is not None else None,
+        acceptance_rate=acceptance(accepted, drafted),
         finish_reason=response.finish_reason, count_source=response.count_source,
         vs_plain=tps / plain.tokens_per_second if tps and plain.tokens_per_second else None,
     )
