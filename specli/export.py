@@ -304,13 +304,7 @@ def _vllm(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
         if method == NGRAM_LOOKUP.equivalents.vllm:  # vLLM's prompt lookup: the lengths specli's tries
             config |= {"prompt_lookup_max": N_MAX, "prompt_lookup_min": N_MIN}
         argv += ["--speculative-config", json.dumps(config)]
-    if drafter is not None and method is None:
-        notes.append(f"vLLM has no equivalent of {drafter.kind.description.split(':')[0]} "
-                     f"({drafter.kind.name}): the command serves without speculative decoding")
-    if drafter is not None and drafter.combined:
-        notes.append("combined drafting (--ngram) has no vLLM equivalent: the draft model alone drafts")
-    if drafter is not None and drafter.kind.takes_p_min and s.draft_p_min > 0:
-        notes.append(f"--draft-p-min {s.draft_p_min:g} has no vLLM equivalent: every round drafts k tokens")
+    notes += _missing_equivalents("vLLM", drafter, method is not None, s.draft_p_min)
     argv += ["--max-model-len", str(s.ctx)]
     argv += ["--generation-config", "vllm", "--override-generation-config", json.dumps(_sampling_request(s))]
     if s.seed is not None:
@@ -322,6 +316,21 @@ def _vllm(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
         notes.append("acceptance: vLLM verifies by rejection sampling (the target's distribution, like "
                      "specli's --no-same-as-plain), not specli's seeded same-as-plain rule")
     return argv, notes
+
+
+def _missing_equivalents(engine: str, drafter: Drafting | None, has_method: bool, p_min: float) -> list[str]:
+    """What of specli's drafting `engine` (vLLM, SGLang) cannot express, one note each."""
+    if drafter is None:
+        return []
+    notes = []
+    if not has_method:
+        notes.append(f"{engine} has no equivalent of {drafter.kind.description.split(':')[0]} "
+                     f"({drafter.kind.name}): the command serves without speculative decoding")
+    if drafter.combined:
+        notes.append(f"combined drafting (--ngram) has no {engine} equivalent: the draft model alone drafts")
+    if drafter.kind.takes_p_min and p_min > 0:
+        notes.append(f"--draft-p-min {p_min:g} has no {engine} equivalent: every round drafts k tokens")
+    return notes
 
 
 def _sglang(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
@@ -346,13 +355,7 @@ def _sglang(spec: ExportInput, drafter: Drafting | None, k: int, host: str,
             # one chain of k draft steps (top-k 1), verified as k + 1 tokens
             argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
                      "--speculative-num-draft-tokens", str(k + 1)]
-    if drafter is not None and algorithm is None:
-        notes.append(f"SGLang has no equivalent of {drafter.kind.description.split(':')[0]} "
-                     f"({drafter.kind.name}): the command serves without speculative decoding")
-    if drafter is not None and drafter.combined:
-        notes.append("combined drafting (--ngram) has no SGLang equivalent: the draft model alone drafts")
-    if drafter is not None and drafter.kind.takes_p_min and s.draft_p_min > 0:
-        notes.append(f"--draft-p-min {s.draft_p_min:g} has no SGLang equivalent: every round drafts k tokens")
+    notes += _missing_equivalents("SGLang", drafter, algorithm is not None, s.draft_p_min)
     argv += ["--context-length", str(s.ctx)]
     if s.seed is not None:
         argv += ["--random-seed", str(s.seed)]

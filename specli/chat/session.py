@@ -72,8 +72,26 @@ class ContextNotice:
 ChatEvent = Event | ContextNotice
 
 
+class _Rates:
+    """tok/s and acceptance of a record with generated_tokens, generation_seconds, accepted, drafted
+    (specli.stats' figures)."""
+
+    generated_tokens: int
+    generation_seconds: float
+    accepted: int
+    drafted: int
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return speed(self.generated_tokens, self.generation_seconds)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return acceptance(self.accepted, self.drafted)
+
+
 @dataclass
-class TurnRecord:
+class TurnRecord(_Rates):
     """One user message and the reply to it, with the figures of its generation."""
 
     index: int
@@ -90,13 +108,6 @@ class TurnRecord:
     temperature: float
     stats: GenerationStats = field(repr=False, default_factory=GenerationStats)
 
-    @property
-    def tokens_per_second(self) -> float | None:
-        return speed(self.generated_tokens, self.generation_seconds)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return acceptance(self.accepted, self.drafted)
 
     def to_dict(self) -> dict[str, Any]:
         rate, acc = self.tokens_per_second, self.acceptance_rate
@@ -120,7 +131,7 @@ class TurnRecord:
 
 
 @dataclass(frozen=True)
-class SessionTotals:
+class SessionTotals(_Rates):
     turns: int
     generated_tokens: int
     generation_seconds: float
@@ -129,13 +140,6 @@ class SessionTotals:
     accepted: int
     dropped_turns: int
 
-    @property
-    def tokens_per_second(self) -> float | None:
-        return speed(self.generated_tokens, self.generation_seconds)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return acceptance(self.accepted, self.drafted)
 
 
 @dataclass(frozen=True)
