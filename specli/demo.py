@@ -4,6 +4,7 @@ synthetic pair (written by specli-synth), run as `specli run` runs it."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,13 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from specli.bench.cpu_share import CpuShare
+from specli.costs import STARVED
 from specli.drafters.registry import NGRAM_LOOKUP
 from specli.engine import GenerationParams, SpeculativeEngine
 from specli.errors import EXIT_INTERRUPTED, UsageProblem
+from specli.proposer import CpuShare
 from specli.runplan import plan_run, read_prompt
-from specli.settings import DEMO, defaults_for, valid_text
+from specli.settings import DEMO, defaults_for, usable_cores, valid_text
 from specli.show import load_shown, show_run, stream_generation, title_of
 from specli.ui.console import make_console, note
 
@@ -115,7 +117,7 @@ def _gemma_demo(gemma: Path, prompt: str, flags: dict, err: Console) -> None:
                 same_length = replace(params, max_tokens=max(stats.n_generated, 1))
                 baseline = plain.generate(tokens, same_length).complete()
         _say_speedup(stats, baseline.stats, err)
-        busy = share.busy(spec.target.n_threads)
+        busy = _busy(share.share, spec.target.n_threads)
         if busy is not None:
             note(err, busy)
     err.print(Text.assemble(("model: ", "dim"), str(gemma)), soft_wrap=True)
@@ -125,6 +127,20 @@ def _gemma_demo(gemma: Path, prompt: str, flags: dict, err: Console) -> None:
     err.print(Text.assemble(("next:  ", "dim"), f'specli run {model} --draft {ngram} "your text"'),
               soft_wrap=True)
     err.print(Text.assemble(("       ", "dim"), f"specli serve {model} --draft {ngram}"), soft_wrap=True)
+
+
+def _busy(share: float | None, threads: int) -> str | None:
+    """A note when the timed runs got less than costs.STARVED of their threads' time (the share below
+    which the cost model distrusts a decode too): other programs were taking the cores, and the rates
+    say more about them than about speculation. None: they had the machine."""
+    usable = max(1, min(threads, usable_cores()))
+    if share is None or share / usable >= STARVED:
+        return None
+    load = ""
+    if hasattr(os, "getloadavg"):
+        load = f", load average {os.getloadavg()[0]:.1f} on {usable_cores()} cores"
+    return (f"the machine was busy ({share / usable:.0%} of {usable} cores' time went to specli{load}): "
+            "these rates are not what it does when quiet; run it again when it is")
 
 
 def _say_speedup(stats: Any, plain: Any, err: Console) -> None:

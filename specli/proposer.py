@@ -79,6 +79,14 @@ class CpuShare:
 
     def __init__(self) -> None:
         self._start: tuple[float, float] | None = None
+        self.share: float | None = None  # a `with` block's, once it has ended
+
+    def __enter__(self) -> CpuShare:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.share = self.stop()
 
     def start(self) -> None:
         self._start = (time.perf_counter(), time.process_time())
