@@ -320,6 +320,10 @@ class SideContext(ClosedWhenCollected):
         try:
             rc = llc.llama_process(self._ctx, kind, self._batch)
             self.decode_seconds += time.perf_counter() - t0
+            if rc == 0:
+                # Counted inside the try: an interruption between the decode and the count would
+                # leave the cache ahead of n_past with nothing to resync it.
+                self.n_past += n_new
         except BaseException:
             self._resync()
             raise
@@ -328,7 +332,6 @@ class SideContext(ClosedWhenCollected):
             if rc == 2:
                 raise DecodeAborted(f"{self.label}: the decode was stopped")
             raise LlamaError(f"llama.cpp's decode of {self.label} failed with code {rc}")
-        self.n_past += n_new
 
     def _resync(self) -> None:
         """Make n_past describe the cache again after a failure (or an interruption, which lands
@@ -420,8 +423,12 @@ class MTPContext(SideContext):
             llc.llama_batch_ext_clear(self._batch)
             for i, token in enumerate(chunk):
                 self._add(self.n_past + i, token=token, embd=hidden[start + i], output=start + i == n - 1)
-            self._process(llc.LLAMA_PROCESS_TYPE_DECODE, len(chunk))
-            self.tokens.extend(chunk)
+            try:
+                self._process(llc.LLAMA_PROCESS_TYPE_DECODE, len(chunk))
+                self.tokens.extend(chunk)
+            except BaseException:
+                self._resync()
+                raise
         logits = llc.llama_get_logits_ith(self._ctx, -1)
         h = llc_ext.llama_get_embeddings_nextn_ith(self._ctx, n - start - 1)  # the last chunk's last row
         if not logits or not h:
@@ -433,6 +440,8 @@ class MTPContext(SideContext):
 
     def _resync(self) -> None:
         super()._resync()
+        if len(self.tokens) < self.n_past:  # decoded and counted, not yet recorded: give them up
+            super().truncate(len(self.tokens))
         del self.tokens[self.n_past :]
 
     def truncate(self, n_keep: int) -> None:

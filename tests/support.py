@@ -237,6 +237,24 @@ DEFAULT_TOKENS = ["<unk>", "<s>", "</s>", *BYTE_TOKENS] + [f"t{i}" for i in rang
 N_VOCAB = len(DEFAULT_TOKENS)  # 288
 
 
+def interrupt_on_line(n: int, *, in_function: str | None = None, counts=lambda frame: True):  # noqa: ANN001, ANN202
+    """A trace function that raises KeyboardInterrupt (Ctrl-C) on the n-th line specli executes (a
+    line count, not a time), counting only lines of `in_function` (any, if None) where `counts`."""
+    left = [n]
+
+    def trace(frame, event, arg):  # noqa: ANN001, ANN202
+        code = frame.f_code
+        if "/specli/" not in code.co_filename or (in_function is not None and code.co_name != in_function):
+            return None
+        if event == "line" and left[0] > 0 and counts(frame):
+            left[0] -= 1
+            if left[0] == 0:
+                raise KeyboardInterrupt
+        return trace
+
+    return trace
+
+
 def write_gguf(
     path: Path,
     arch: str = "llama",

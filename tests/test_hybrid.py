@@ -14,7 +14,7 @@ import llama_cpp
 import numpy as np
 import pytest
 from sampling_reference import process_logits
-from support import free_drafting
+from support import free_drafting, interrupt_on_line
 
 from specli import GenerationParams, SamplingParams, TokenEvent, load
 from specli.drafters.model import DraftModelDrafter
@@ -277,25 +277,6 @@ def test_sampled_tokens_follow_the_target_distribution(hybrid_models, fixture_mo
     assert _tv(freq2, p2) < _null_threshold(p2, n_cond)
 
 
-class _InterruptAt:
-    """A trace function that raises KeyboardInterrupt at the n-th line executed in specli's code: a
-    Ctrl-C between two lines, at a point that does not depend on timing."""
-
-    def __init__(self, n: int) -> None:
-        self.remaining = n
-        self.fired = False
-
-    def __call__(self, frame, event, arg):  # noqa: ANN001, ANN204
-        if "/specli/" not in frame.f_code.co_filename:
-            return None
-        if event == "line" and not self.fired:
-            self.remaining -= 1
-            if self.remaining <= 0:
-                self.fired = True
-                raise KeyboardInterrupt
-        return self
-
-
 def test_interrupts_anywhere_leave_hybrid_caches_consistent(hybrid_models) -> None:
     greedy = GenerationParams(max_tokens=30, sampling=GREEDY, draft_max=3)
     expected = plain_greedy(hybrid_models.target, PROMPT, 30)
@@ -305,8 +286,7 @@ def test_interrupts_anywhere_leave_hybrid_caches_consistent(hybrid_models) -> No
         for point in sorted(rng.integers(50, 6000, size=24).tolist()):
             params = GenerationParams(max_tokens=60, sampling=SamplingParams(temperature=1.0), draft_max=4,
                                       ignore_eos=True, seed=point)
-            tracer = _InterruptAt(point)
-            sys.settrace(tracer)
+            sys.settrace(interrupt_on_line(point))
             try:
                 for _ in spec.generate((PROMPT + " ") * 4, params):
                     pass

@@ -16,7 +16,7 @@ import llama_cpp
 import numpy as np
 import pytest
 from sampling_reference import process_logits
-from support import null_tv_threshold, plain_greedy, tv
+from support import interrupt_on_line, null_tv_threshold, plain_greedy, tv
 
 from specli import GenerationParams, SamplingParams, load
 from specli.heads import MTPContext
@@ -194,20 +194,6 @@ def test_interrupts_anywhere_leave_target_and_mtp_caches_consistent(mtp_model) -
     say what they hold, every cached target position has its hidden state, and the next greedy
     generation equals plain decoding."""
 
-    def interrupt_at(n: int):  # noqa: ANN202
-        left = [n]
-
-        def trace(frame, event, arg):  # noqa: ANN001, ANN202
-            if "/specli/" not in frame.f_code.co_filename:
-                return None
-            if event == "line" and left[0] > 0:
-                left[0] -= 1
-                if left[0] == 0:
-                    raise KeyboardInterrupt
-            return trace
-
-        return trace
-
     greedy = GenerationParams(max_tokens=24, sampling=GREEDY, draft_max=3, ignore_eos=True)
     expected = plain_greedy(mtp_model, PROMPTS[0], 24, stop_at_eog=False)
     interrupted = 0
@@ -215,7 +201,7 @@ def test_interrupts_anywhere_leave_target_and_mtp_caches_consistent(mtp_model) -
         for point in sorted(np.random.default_rng(0).integers(50, 6000, size=32).tolist()):
             params = GenerationParams(max_tokens=60, sampling=SamplingParams(temperature=1.0), draft_max=4,
                                       ignore_eos=True, seed=point)
-            sys.settrace(interrupt_at(point))
+            sys.settrace(interrupt_on_line(point))
             try:
                 for _ in spec.generate((PROMPTS[0] + " ") * 4, params):
                     pass
@@ -229,6 +215,28 @@ def test_interrupts_anywhere_leave_target_and_mtp_caches_consistent(mtp_model) -
             assert target.n_past <= target._hidden_upto
             assert spec.generate(PROMPTS[0], greedy).complete().tokens == expected
     assert interrupted > 16
+
+
+def test_an_interrupt_right_after_a_head_decode_leaves_its_cache_counted(mtp_model) -> None:
+    """Ctrl-C on each line a head context runs after llama.cpp's decode returned (before the decode is
+    counted, while it is, after): the cache and n_past still agree, and the next greedy generation
+    equals plain decoding. The sweep above lands there only by chance."""
+
+    greedy = GenerationParams(max_tokens=24, sampling=GREEDY, draft_max=3, ignore_eos=True)
+    expected = plain_greedy(mtp_model, PROMPTS[0], 24, stop_at_eog=False)
+    with load(mtp_model, "mtp", n_ctx=1024, n_threads=1) as spec:
+        for nth in range(1, 5):
+            params = GenerationParams(max_tokens=60, sampling=GREEDY, draft_max=4, ignore_eos=True)
+            sys.settrace(interrupt_on_line(nth, in_function="_process", counts=lambda f: "rc" in f.f_locals))
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    for _ in spec.generate((PROMPTS[0] + " ") * 4, params):
+                        pass
+            finally:
+                sys.settrace(None)
+            mtp = spec.drafter.mtp
+            assert llama_cpp.llama_memory_seq_pos_max(mtp._mem, 0) + 1 == mtp.n_past == len(mtp.tokens)
+            assert spec.generate(PROMPTS[0], greedy).complete().tokens == expected
 
 
 def _with_an_mtp_layer_declared(source: Path, path: Path) -> Path:
