@@ -235,6 +235,9 @@ class CostModel:
     draft: dict[str, list[float]] = field(default_factory=dict)  # source -> [seconds, tokens], decayed
     # source -> [seconds, looks], decayed: a round that asked the drafter and drafted nothing (a shadow)
     look: dict[str, list[float]] = field(default_factory=dict)
+    # source -> [seconds, positions], decayed: catching a drafter up on the positions plain rounds
+    # committed since it last read the context (what watching it costs whatever the looks' spacing)
+    catch_up: dict[str, list[float]] = field(default_factory=dict)
 
     # The curve is recomputed when a new size is measured or every `refresh` samples (REFRESH).
     refresh: int = REFRESH
@@ -245,6 +248,8 @@ class CostModel:
     # median is the cost once there are SETTLED_SAMPLES of them, the decayed means above until then.
     _draft_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
     _look_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
+    _catch_up_seen: set[str] = field(default_factory=set, repr=False)
+    _catch_up_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
     _verify_largest: int = field(default=0, repr=False)  # the largest batch decoded in this process
     # The CPU share (CPU seconds over wall seconds) of each sample in `verify`, None where not judged;
     # and the best share a judged decode of this process has had.
@@ -434,6 +439,15 @@ class CostModel:
     def observe_look(self, source: str, seconds: float, decay: float = DRAFT_DECAY) -> None:
         _observe_warm(self.look, self._look_seen, source, seconds, 1.0, decay,  # the first: cold, as above
                       self._look_recent.setdefault(source, deque(maxlen=self.window)))
+
+    def observe_catch_up(self, source: str, positions: int, seconds: float,
+                         decay: float = DRAFT_DECAY) -> None:
+        _observe_warm(self.catch_up, self._catch_up_seen, source, seconds, positions, decay,
+                      self._catch_up_recent.setdefault(source, deque(maxlen=self.window)))
+
+    def catch_up_seconds_per_position(self, source: str) -> float | None:
+        """What catching `source` up costs per committed position it had not read (None: not timed)."""
+        return _cost(self.catch_up.get(source), self._catch_up_recent.get(source))
 
     def look_seconds(self, source: str) -> float | None:
         """What a look that drafts nothing costs, catching up included (shadows are rationed by it)."""

@@ -179,6 +179,7 @@ class SpeculativeEngine:
 
         # Prompt: evaluate everything but the last token, which the first round's verify decodes.
         t0 = time.perf_counter()
+        proposer.prepare()
         cached = target.keep_common_prefix(context)
         if len(context) - 1 > cached:
             target.decode(context[cached:-1], outputs="none")

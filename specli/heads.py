@@ -98,12 +98,29 @@ class TargetFeatures:
         self.target, self.layers = target, tuple(int(i) for i in layers)
         n_embd = target.n_embd
         self.width = len(self.layers) * n_embd
-        for lid in sorted(set(self.layers)):
-            _set_layer_inp(target.context_pointer, lid, True)
         self._rows = np.zeros((64, self.width), np.float32)
         self._base = 0  # position of row 0
         self._upto = 0  # positions [_base, _upto) hold rows recorded after their decode
-        target.attach_recorder(self)
+        self.paused = True
+        self.resume()
+
+    def pause(self) -> None:
+        """Stop recording (llama.cpp hands out no layer inputs): a drafter that rests reads none."""
+        if not self.paused:
+            self._switch(False)
+
+    def resume(self) -> None:
+        """Record again from the next decode on; what the decodes meanwhile held is not here (`rows`
+        decodes it again)."""
+        if self.paused:
+            self._base = self._upto = self.target.n_past
+            self._switch(True)
+
+    def _switch(self, on: bool) -> None:
+        for lid in sorted(set(self.layers)):
+            _set_layer_inp(self.target.context_pointer, lid, on)
+        self.target.attach_recorder(self if on else None)
+        self.paused = not on
 
     def before_decode(self, pos0: int) -> None:
         self._upto = min(self._upto, pos0)
@@ -133,6 +150,7 @@ class TargetFeatures:
         """Rows of positions start..stop-1 (a view, valid until the next target decode). Positions
         released or never decoded with extraction on are decoded again first (`refill`)."""
         if start < self._base or stop > min(self._upto, self.target.n_past):
+            self.resume()
             self.refill(start)
         return self._rows[start - self._base : stop - self._base]
 

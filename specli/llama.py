@@ -452,8 +452,8 @@ class Model(ClosedWhenCollected):
         """llama.cpp's abort callback and its data for another context that abort() stops too."""
         return _ABORT_IF_SET, ctypes.cast(self._abort_flag, ctypes.c_void_p)
 
-    def attach_recorder(self, recorder: DecodeRecorder) -> None:
-        """Tell `recorder` of every decode from now on (one at a time)."""
+    def attach_recorder(self, recorder: DecodeRecorder | None) -> None:
+        """Tell `recorder` of every decode from now on (one at a time; None: none)."""
         self._recorder = recorder
 
     def kv_bytes_per_token(self) -> int:

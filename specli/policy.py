@@ -28,6 +28,11 @@ target), the source is hopeless: no shadows, except a recheck now and then that 
 RECHECK_SHARE of the time decoded meanwhile (what made it hopeless, a busy spell's draft cost or a
 verify curve from a cost file, may not hold now); in later generations only one in `RECHECK_EVERY`
 looks at once.
+A drafter that reads every committed position before it drafts (a trained head catching up on the
+target's features) pays for them however far apart its looks are. Where that alone costs more than
+WATCH_SHARE of plain decoding, watching it cannot pay: declined or hopeless, the source **rests** for
+the rest of the generation (no shadows, no rechecks, and the drafter stops the work that keeps it
+ready: `Drafter.set_resting`), and in later generations only one in `RECHECK_EVERY` wakes it.
 
 When plain rounds give more than half of a generation's tokens, `AutoK.holdback` says why from its own
 figures (the engine's DoneEvent carries it to every front end): the drafter proposed nothing, or what
@@ -68,8 +73,15 @@ RECHECK_EVERY = 16  # a hopeless source looks again in one generation of this ma
 RECHECK_SHARE = 0.01
 # Shadows (looks in plain rounds, which measure the draft) may cost this share of plain decoding's time,
 # and come at least every MAX_SHADOW_GAP rounds.
-SHADOW_SHARE = 0.02
-MAX_SHADOW_GAP = 64
+SHADOW_SHARE = 0.01
+MAX_SHADOW_GAP = 256
+# A source whose catch-up costs more than this share of a plain token per committed position rests once
+# declined (watching it would cost that share whatever the spacing of its looks).
+WATCH_SHARE = 0.02
+QUIET_ROUNDS = 8  # a declined verdict holds this many plain rounds (or to the next shadow) unpriced
+# A catch-up of at least this many positions prices a position of it (a shorter one is mostly the
+# decode's fixed cost, which looks spaced further apart would spread).
+CATCH_UP_SAMPLE = 8
 RATE_TOKENS = 8.0  # decayed tokens of recent rounds before their rate is the reference
 RATE_DECAY = 0.9  # per round: the reference rate follows the text within ~10 rounds
 # Near the output's end the reference rate is at most this share of the best rate the tokens left can
@@ -228,6 +240,7 @@ class Learned:
 
     calibration: dict[str, Calibration] = field(default_factory=dict)
     hopeless: dict[str, int] = field(default_factory=dict)
+    resting: dict[str, int] = field(default_factory=dict)  # sources that rest, with the generations since
     regime: str | None = None
     others: dict[str, dict[str, Calibration]] = field(default_factory=dict)  # other regimes' calibrations
 
@@ -425,6 +438,10 @@ class DraftPolicy:
     def observe(self, report: RoundReport) -> None:
         """Feedback after a round."""
 
+    def resting(self) -> frozenset[str]:
+        """Sources this generation will not ask again (their drafter may stop keeping ready)."""
+        return frozenset()
+
     def holdback(self) -> Holdback | None:
         """Why this generation drafted little or nothing (None: it did not hold back, or the policy
         never does)."""
@@ -448,6 +465,7 @@ class AutoK(DraftPolicy):
     rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed tokens, seconds of rounds
     plain_rounds: int = 0  # rounds since the last one that drafted (shadows are rationed by it)
     hopeless: set[str] = field(default_factory=set)  # sources that would not pay even at their surest
+    rests: set[str] = field(default_factory=set)  # sources not asked again this generation (`resting`)
     left: int | None = None  # tokens the generation can still emit (this round's `decide`)
     position: int = 0  # tokens in the target's cache (this round's `decide`)
     text_sources: frozenset[str] = frozenset()  # sources whose confidence is the text's (n-gram)
@@ -460,6 +478,9 @@ class AutoK(DraftPolicy):
     asked: Counter = field(default_factory=Counter)  # rounds by the source asked
     _plan: str = field(default="unmeasured", repr=False)  # this round's, from `decide`
     _since_recheck: float = field(default=0.0, repr=False)  # seconds decoded since a hopeless verdict
+    _rest_cause: dict[str, str] = field(default_factory=dict, repr=False)  # "declined" | "hopeless"
+    _unread: dict[str, int] = field(default_factory=dict, repr=False)  # tokens since a source last read
+    _quiet: tuple[str, int] | None = field(default=None, repr=False)  # declined until plain_rounds reach
 
     def __post_init__(self) -> None:
         for source in self.text_sources & self.learned.calibration.keys():
@@ -469,6 +490,11 @@ class AutoK(DraftPolicy):
             if (since + 1) % RECHECK_EVERY:
                 # Not even a shadow: on a draft as dear as the target, one costs a target token.
                 self.hopeless.add(source)
+        for source, since in self.learned.resting.items():
+            self.learned.resting[source] = since + 1
+            if (since + 1) % RECHECK_EVERY:
+                self.rests.add(source)
+                self._rest_cause[source] = "declined"
 
     def _calibration(self, source: str) -> Calibration:
         cal = self.learned.calibration.get(source)
@@ -521,6 +547,15 @@ class AutoK(DraftPolicy):
         Otherwise a plain round, with a look now and then (a shadow)."""
         self.left, self.position, self._round_inputs = left, position, None
         self.asked[source] += 1
+        self._unread.setdefault(source, 0)
+        if source in self.rests:
+            self._plan = self._rest_cause.get(source, "declined")
+            return self._plain(look=False)
+        quiet = self._quiet
+        if quiet is not None and quiet[0] == source and self.plain_rounds < quiet[1]:
+            self._plan = "declined"
+            return self._plain(look=False)
+        self._quiet = None
         if source in self.hopeless:
             if not self._recheck_due(source):
                 self._plan = "hopeless"
@@ -541,6 +576,7 @@ class AutoK(DraftPolicy):
             # Looking costs next to nothing (n-gram lookup): let the gate judge every round, pricing
             # only a round with a proposal (`gate`): most rounds of most text have none.
             self.learned.hopeless.pop(source, None)
+            self.learned.resting.pop(source, None)
             return Decision(limit)
         inputs = self.inputs(source)
         assert inputs is not None  # the curve and the draft step are known
@@ -558,6 +594,8 @@ class AutoK(DraftPolicy):
                     # each round, which times more steps, before any verdict (costs.SETTLED_SAMPLES).
                     self._plan = "unmeasured"
                     return self._plain(look=True)
+                if self._dear_to_watch(source, inputs):
+                    return self._rest(source, "hopeless" if float(worth.max()) <= price else "declined")
                 if float(worth.max()) <= price:
                     # Even the draft's surest band does not pay: each shadow would have to catch the
                     # draft up on every plain token since the last, which on a draft as dear as the
@@ -568,14 +606,45 @@ class AutoK(DraftPolicy):
                     self._since_recheck = 0.0
                     self._plan = "hopeless"
                     return self._plain(look=True)
+                # A shadow once the tokens since the drafter last read take it, and at the first round
+                # of a generation that woke a resting source (it has nothing to catch up on there).
+                woken = self.asked[source] == 1 and source in self.learned.resting
                 self.learned.hopeless.pop(source, None)
+                self.learned.resting.pop(source, None)
                 self._plan = "declined"
-                return self._plain(look=self._shadow_due(source, inputs))
+                gap = self._shadow_gap(source, inputs)
+                wait = 0 if woken else max(0, gap - self._unread[source])
+                # Nothing that could change this verdict is learned before the next shadow but the
+                # reference rate, which follows the text within ~10 rounds: the rounds up to the next
+                # shadow (at most QUIET_ROUNDS) are plain without pricing it again.
+                self._quiet = (source, self.plain_rounds + min(wait or gap, QUIET_ROUNDS))
+                return self._plain(look=wait == 0)
         self.learned.hopeless.pop(source, None)
+        self.learned.resting.pop(source, None)
         return Decision(limit)
 
     def _plain(self, look: bool) -> Decision:
         return Decision(0, look)
+
+    def _dear_to_watch(self, source: str, inputs: GateInputs) -> bool:
+        """Whether catching `source` up on each committed position costs more than WATCH_SHARE of a
+        plain token: no spacing of its looks would make watching it cheaper than that. Not
+        before it has anything to catch up on: a generation's begin() caught it up on the prompt, and
+        a look there is what wakes it."""
+        per_position = self.costs.catch_up_seconds_per_position(source)
+        return (per_position is not None and per_position > WATCH_SHARE * float(inputs.verify[0])
+                and self._unread.get(source, 0) > 0)
+
+    def _rest(self, source: str, cause: str) -> Decision:
+        self.rests.add(source)
+        self._rest_cause[source] = cause
+        self.learned.resting[source] = 0
+        self.learned.hopeless.pop(source, None)
+        self._plan = cause
+        return self._plain(look=False)
+
+    def resting(self) -> frozenset[str]:
+        return frozenset(self.rests)
 
     def _recheck_due(self, source: str) -> bool:
         """Whether the rounds since a hopeless verdict (or the last recheck) took long enough that a
@@ -584,15 +653,14 @@ class AutoK(DraftPolicy):
         look = max(self.costs.draft_seconds_per_token(source) or 0.0, self.costs.look_seconds(source) or 0.0)
         return self._since_recheck * RECHECK_SHARE >= look
 
-    def _shadow_due(self, source: str, inputs: GateInputs) -> bool:
+    def _shadow_gap(self, source: str, inputs: GateInputs) -> int:
         # Shadow every plain round when drafting is cheap, less often when not, so that shadows cost
         # at most ~SHADOW_SHARE of plain decoding (at least every MAX_SHADOW_GAP rounds: the draft
         # cost itself is learned from these). A shadow costs what a look costs (the draft catching
         # up on the plain tokens since the last one, its step, its draw), not the draft step alone:
         # the catch-up reads the draft's weights back after the target's evicted them.
         cost = max(inputs.pass_cost, self.costs.look_seconds(source) or 0.0)
-        gap = min(MAX_SHADOW_GAP, max(1, math.ceil(cost / inputs.verify[0] / SHADOW_SHARE)))
-        return self.plain_rounds % gap == 0
+        return min(MAX_SHADOW_GAP, max(1, math.ceil(cost / inputs.verify[0] / SHADOW_SHARE)))
 
     def gate(self, source: str, decision: Decision) -> Gate:
         kept = self._round_inputs
@@ -620,6 +688,18 @@ class AutoK(DraftPolicy):
         self.rate[1] = RATE_DECAY * self.rate[1] + report.draft_seconds + report.verify_seconds
         self.plain_rounds = 0 if report.drafted else self.plain_rounds + 1
         source = report.source
+        if source is not None:
+            self._quiet = None  # what the drafter showed is priced in the next round
+            unread = self._unread.get(source, 0)
+            if report.catch_up_seconds > 0.0 and unread >= CATCH_UP_SAMPLE:
+                # Less a draft step, about the fixed cost of the catch-up's decode (a block drafter's
+                # pass is not: its catch-up is a cheaper decode of its own).
+                fixed = 0.0 if source in self.block_sources else self.costs.draft_seconds_per_token(source)
+                debt = max(0.0, report.catch_up_seconds - (fixed or 0.0))
+                self.costs.observe_catch_up(source, unread, debt)
+            self._unread[source] = 0
+        for asked in self._unread:
+            self._unread[asked] += report.accepted + 1
         if source is None:
             return
         if report.positions:

@@ -40,6 +40,10 @@ class Proposer:
 
     name = "plain"
 
+    def prepare(self) -> None:
+        """A generation is about to decode its prompt (what a drafter reads of the target's decodes
+        must be switched on or off before it)."""
+
     def begin(self, context: list[int], sampler: Sampler) -> None:
         """A generation starts over `context` (the prompt; its last token is pending)."""
 
@@ -112,6 +116,18 @@ class DraftingProposer(Proposer):
         self._source: str | None = None
         self._verify_share = CpuShare()  # from `batch_size`, just before the verify, to `observe`
         self._block = {s.name: s.block for s in drafter.sources}
+        self._resting: bool | None = None  # what the drafter was last told (`_rest`)
+
+    def prepare(self) -> None:
+        self._rest()
+
+    def _rest(self) -> None:
+        """Tell the drafter when the policy will ask none of its sources again this generation (and
+        when it may again: a later generation's policy wakes it)."""
+        resting = self.policy.resting() >= self._block.keys()
+        if resting != self._resting:
+            self.drafter.set_resting(resting)
+            self._resting = resting
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._same_as_plain = sampler.same_as_plain
@@ -165,6 +181,7 @@ class DraftingProposer(Proposer):
             position=len(result.context) - len(verdict.tokens) - 1,
             cpu_share=share,
         ))
+        self._rest()
 
     def holdback(self) -> Holdback | None:
         return self.policy.holdback()

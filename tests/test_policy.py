@@ -467,6 +467,55 @@ def test_a_look_is_priced_with_the_catch_up_it_costs() -> None:
     assert 4 <= looks <= 12, looks  # every ~10th round; priced by the step alone, every 2nd
 
 
+def _watch(policy: AutoK, rounds: int, per_position: float, fixed: float = 0.004) -> list[bool]:
+    """`rounds` rounds of a text the draft never knows (unsure at every first position), each look
+    catching the draft up on the tokens since the last one at `per_position` seconds each (and `fixed`
+    seconds, a decode's own cost, once); whether each round looked."""
+    looks, since = [], 0
+    for _ in range(rounds):
+        decision = policy.decide("draft", 8)
+        assert decision.k == 0
+        looks.append(decision.look)
+        since += 1
+        if decision.look:
+            policy.observe(RoundReport("draft", 0, 0, 0.004, 0.0308, 1, first_confidence=0.3,
+                                       held=(0.3, 0.0), catch_up_seconds=fixed + per_position * since))
+            since = 0
+        else:
+            policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
+    return looks
+
+
+def test_a_source_whose_catch_up_alone_costs_more_than_shadows_may_rests() -> None:
+    """A trained head catches up on every committed position before it looks (on this CPU a random
+    EAGLE-3 head: ~0.6 ms a position against a 10 ms target token): spaced however far apart, looks
+    cost that share of plain decoding. Once it is measured, a declined source rests: no shadow for the
+    rest of the generation, and in later generations only one in 16 wakes it. A draft whose catch-up
+    is cheap (a draft model's batch) keeps its shadows."""
+    dear = _gated(c_draft=0.004)
+    for _ in range(30):
+        dear.learned.calibration["draft"].observe_first(0.3)
+    looks = _watch(dear, 300, per_position=0.0025)  # 8 % of a 30.8 ms target token
+    assert dear.resting() == {"draft"} and 2 <= sum(looks) <= 6, sum(looks)
+    last_look = max(i for i, look in enumerate(looks) if look)
+    assert last_look <= 160 and dear.learned.resting == {"draft": 0}
+    woken = []
+    for generation in range(1, 33):
+        later = AutoK(dear.costs, dear.learned)
+        if not later.resting():
+            woken.append(generation)
+            assert any(_watch(later, 20, per_position=0.0025))  # it looks, then rests again
+            assert later.resting() == {"draft"}
+        else:
+            assert not any(_watch(later, 20, per_position=0.0025))
+    assert woken == [16, 32]
+    cheap = _gated(c_draft=0.004)
+    for _ in range(30):
+        cheap.learned.calibration["draft"].observe_first(0.3)
+    looks = _watch(cheap, 300, per_position=0.0003)  # 1 % of a target token
+    assert not cheap.resting() and sum(looks[100:]) >= 2
+
+
 def test_each_source_keeps_its_own_calibration() -> None:
     policy = AutoK(_costs(CPU_STAIRCASE))
     for _ in range(40):

@@ -252,6 +252,34 @@ def test_rollback_leaves_the_head_as_a_fresh_run_would(q8_set, kind: str, random
     assert not all(np.array_equal(a, b) for a, b in zip(spoilt, expected, strict=True))
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_head_that_rested_reads_what_it_missed_as_a_fresh_run_would(q8_set, kind: str) -> None:
+    """-k auto rests a head that costs too much to watch: through a whole generation the target hands
+    out no features and the head reads nothing. The next generation that drafts has the target decode
+    again what the head missed, and the head's distributions are then, bit for bit, a fresh run's;
+    its tokens are plain decoding's."""
+    head = head_file(q8_set, kind)
+    params = GenerationParams(max_tokens=40, sampling=GREEDY, draft_max=4, ignore_eos=True)
+    with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as spec:
+        first = spec.generate(PROMPT, params).complete()
+        spec.engine.learned.resting[spec.drafter.name] = 0  # as auto leaves a source it rested
+        read = spec.drafter.head.n_past
+        resting = spec.generate(first.context, replace(params, draft_max="auto")).complete()
+        assert resting.stats.as_dict()["drafted"] == 0
+        assert spec.drafter.features.paused and spec.drafter.head.n_past == read
+        woken = spec.generate(resting.context, params).complete()
+        assert not spec.drafter.features.paused and woken.stats.as_dict()["drafted"] > 0
+        context = list(woken.context)
+        kept = next_draft(spec, context)
+    with load(q8_set.target, None, n_ctx=N_CTX, n_threads=1) as plain:
+        tokens = plain.generate(PROMPT, replace(params, max_tokens=120, draft_max=0)).complete().context
+    assert context == list(tokens)
+    with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as fresh:
+        fresh.target.decode(context[:-1], outputs="none")
+        expected = next_draft(fresh, context)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, expected, strict=True))
+
+
 # -- refusals -----------------------------------------------------------------------------------------
 
 

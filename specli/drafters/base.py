@@ -209,6 +209,11 @@ class Drafter(ABC):
     def reset(self) -> None:
         """Forget any cached state (the next begin() starts from nothing)."""
 
+    def set_resting(self, resting: bool) -> None:
+        """True: nothing will be drafted until this is called with False (before a later generation's
+        prompt), so the work that only keeps the drafter ready may stop (a trained head's features,
+        read at every target decode, and its catch-up at the next begin())."""
+
     def set_p_min(self, p_min: float) -> None:
         """--draft-p-min from the next generation on (a server's request sets it per generation);
         a drafter without probabilities (n-gram lookup) has none."""

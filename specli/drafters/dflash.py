@@ -49,6 +49,8 @@ class BlockDrafter(HeadDrafter):
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._sampler = sampler
+        if self.resting:
+            return
         self.head.truncate(self._kept(context))
         self._inject(context)
         self._forget_debt()

@@ -36,6 +36,8 @@ class Eagle3Drafter(HeadDrafter):
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._sampler = sampler
+        if self.resting:
+            return
         keep = self._kept(context)
         self._g_count = min(self._g_count, keep)
         self.head.truncate(min(self.head.n_past, keep - 1))

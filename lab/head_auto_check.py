@@ -1,0 +1,96 @@
+"""-k auto with a trained head that does not pay against the target alone (#48: >= 0.97x plain).
+
+    python -m specli_synth trained-drafters TD --size bench
+    python lab/head_auto_check.py TD --heads eagle3-random dflash-random dspark-random --repeat 3
+
+Each process loads TD/target.gguf alone (`plain`) or with one head and runs `--generations` generations
+of `-n` tokens over one prompt (T 0, seeds 0.., the first generation dropped: it measures the costs
+and finds that drafting does not pay); its figure is the median tok/s of the others (prompt excluded)
+and the median prompt seconds. Processes run in turns, in an order that rotates each repeat, each with
+an empty SPECLI_CACHE_DIR of its own; a ratio is the median of the per-repeat ratios to `plain`.
+`uptime`'s load is printed at the start and the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from compare_llamacpp import PLAIN_PROMPT, PROMPTS  # noqa: E402
+
+PROMPT_CHOICES = {"short": PLAIN_PROMPT, **PROMPTS}
+
+
+def child(target: str, head: str | None, prompt: str, tokens: int, generations: int, threads: int) -> None:
+    from specli import GenerationParams, SamplingParams, load
+
+    with load(target, head, n_ctx=4096, n_threads=threads) as spec:
+        ids = spec.tokenize(PROMPT_CHOICES[prompt])
+        rates, prompts, drafted = [], [], []
+        for seed in range(generations):
+            spec.engine.reset()
+            params = GenerationParams(max_tokens=tokens, sampling=SamplingParams(temperature=0.0),
+                                      draft_max="auto", ignore_eos=True, seed=seed)
+            stats = spec.generate(ids, params).complete().stats
+            rates.append(stats.n_generated / stats.generation_seconds)
+            prompts.append(stats.prompt_seconds)
+            drafted.append(stats.drafted)
+    print(json.dumps({"rate": statistics.median(rates[1:]), "prompt": statistics.median(prompts[1:]),
+                      "first_rate": rates[0], "drafted": drafted, "prompt_tokens": len(ids)}))
+
+
+def run(args: argparse.Namespace, head: str | None, prompt: str) -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, SPECLI_CACHE_DIR=cache)
+        command = [sys.executable, __file__, "--child", str(args.dir / "target.gguf"),
+                   str(args.dir / f"{head}.gguf") if head else "-", prompt, str(args.n),
+                   str(args.generations), str(args.threads)]
+        out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        target, head, prompt, tokens, generations, threads = sys.argv[2:8]
+        child(target, None if head == "-" else head, prompt, int(tokens), int(generations), int(threads))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path, help="a folder from `python -m specli_synth trained-drafters`")
+    parser.add_argument("--heads", nargs="+", default=["eagle3-random", "dflash-random", "dspark-random"])
+    parser.add_argument("--prompts", nargs="+", default=["short", "code"], choices=sorted(PROMPT_CHOICES))
+    parser.add_argument("-n", type=int, default=256)
+    parser.add_argument("--generations", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("-t", "--threads", type=int, default=2)
+    args = parser.parse_args()
+    print("load at start:", os.getloadavg())
+    configs = [None, *args.heads]
+    for prompt in args.prompts:
+        results: dict[str | None, list[dict]] = {c: [] for c in configs}
+        for r in range(args.repeat):
+            order = configs[r % len(configs):] + configs[: r % len(configs)]
+            for config in order:
+                results[config].append(run(args, config, prompt))
+        plain = results[None]
+        for config in configs:
+            rows = results[config]
+            pairs = list(zip(rows, plain, strict=True))
+            ratio = statistics.median(row["rate"] / base["rate"] for row, base in pairs)
+            first = statistics.median(row["first_rate"] / base["first_rate"] for row, base in pairs)
+            print(f"{prompt} ({rows[0]['prompt_tokens']} tokens) {config or 'plain':16s} "
+                  f"tok/s {[round(row['rate'], 1) for row in rows]} x plain {ratio:.3f} "
+                  f"prompt s {statistics.median(row['prompt'] for row in rows):.3f} "
+                  f"first generation x plain {first:.3f} "
+                  f"drafted {[row['drafted'] for row in rows]}", flush=True)
+    print("load at end:", os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()
