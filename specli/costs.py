@@ -269,7 +269,8 @@ class CostModel:
 
     def to_record(self, min_share: float | None = None) -> dict[str, dict]:
         """What a later process over the same models can start from (`restore`; specli.costcache keeps
-        it on disk): the verify samples by batch size, and the decayed draft and look costs by source.
+        it on disk): the verify samples by batch size, and the decayed draft, look and catch-up costs
+        by source.
         Samples with a CPU share below `min_share` are left out (the machine was busy: they describe
         other work's load, not this machine); sizes this process did not measure keep their carried
         samples, one process older, until CARRIED_AGE."""
@@ -292,6 +293,8 @@ class CostModel:
                       for source, slot in self.draft.items()},
             "look": {source: _robust_slot(slot, self._look_recent.get(source))
                      for source, slot in self.look.items()},
+            "catch_up": {source: _robust_slot(slot, self._catch_up_recent.get(source))
+                         for source, slot in self.catch_up.items()},
         }
 
     def restore(self, record: Mapping) -> None:
@@ -308,13 +311,14 @@ class CostModel:
         if any(a < 0 for a in ages.values()):
             raise ValueError("a negative age")
         slots = {name: {source: _slot(slot) for source, slot in record.get(name, {}).items()}
-                 for name in ("draft", "look")}
+                 for name in ("draft", "look", "catch_up")}
         for m, samples in verify.items():
             if m not in self.verify:
                 self.carried[m] = deque(samples, maxlen=self.window)
                 self.carried_age[m] = ages.get(m, 0)
         self.draft.update(slots["draft"])
         self.look.update(slots["look"])
+        self.catch_up.update(slots["catch_up"])
         self._refit(self._position)
 
     def prime_verify(self, seconds: Mapping[int, float], position: int = 0,

@@ -58,7 +58,7 @@ _set_layer_inp = _bind(
     [_ctx_p, ctypes.c_uint32, ctypes.c_bool], None)
 _get_layer_inp = _bind(
     ("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj"),
-    [_ctx_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float))
+    [_ctx_p, ctypes.c_uint32], ctypes.c_void_p)  # an address: TargetFeatures keeps a view per address
 _target_layer_ids = _bind(("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model"),
                           [_model_p], ctypes.POINTER(ctypes.c_int32))
 _target_layer_ids_n = _bind(
@@ -101,6 +101,7 @@ class TargetFeatures:
         self._rows = np.zeros((64, self.width), np.float32)
         self._base = 0  # position of row 0
         self._upto = 0  # positions [_base, _upto) hold rows recorded after their decode
+        self._views: dict[int, tuple[int, np.ndarray]] = {}  # layer -> (buffer address, its rows)
         self.paused = True
         self.resume()
 
@@ -136,11 +137,22 @@ class TargetFeatures:
         n_embd = self.target.n_embd
         out = self._rows[pos0 - self._base : need]
         for k, lid in enumerate(self.layers):
-            ptr = _get_layer_inp(self.target.context_pointer, lid)
-            if not ptr:
-                raise LlamaError(f"{self.target.path.name}: llama.cpp kept no input of layer {lid}")
-            out[:, k * n_embd : (k + 1) * n_embd] = np.ctypeslib.as_array(ptr, shape=(m, n_embd))
+            out[:, k * n_embd : (k + 1) * n_embd] = self._layer_inputs(lid, m)
         self._upto = pos0 + m
+
+    def _layer_inputs(self, lid: int, m: int) -> np.ndarray:
+        """The last decode's inputs of layer `lid`, m rows (a view of llama.cpp's output buffer, kept
+        while the buffer stays where it is: making one costs more than the copy of a row)."""
+        address = _get_layer_inp(self.target.context_pointer, lid)
+        if not address:
+            raise LlamaError(f"{self.target.path.name}: llama.cpp kept no input of layer {lid}")
+        kept = self._views.get(lid)
+        if kept is None or kept[0] != address or kept[1].shape[0] < m:
+            n_embd = self.target.n_embd
+            rows = max(m, self.target.n_batch)
+            view = np.frombuffer((ctypes.c_float * (rows * n_embd)).from_address(address), np.float32)
+            kept = self._views[lid] = (address, view.reshape(rows, n_embd))
+        return kept[1][:m]
 
     def held(self) -> tuple[int, int]:
         """The positions whose rows are here now: [start, stop)."""

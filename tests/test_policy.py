@@ -509,6 +509,10 @@ def test_a_source_whose_catch_up_alone_costs_more_than_shadows_may_rests() -> No
         else:
             assert not any(_watch(later, 20, per_position=0.0025))
     assert woken == [16, 32]
+    # The catch-up's cost per position (less a draft step) is what the next process starts from.
+    restored = CostModel()
+    restored.restore(json.loads(json.dumps(dear.costs.to_record())))
+    assert restored.catch_up_seconds_per_position("draft") == pytest.approx(0.0025)
     cheap = _gated(c_draft=0.004)
     for _ in range(30):
         cheap.learned.calibration["draft"].observe_first(0.3)
