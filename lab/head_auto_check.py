@@ -2,13 +2,16 @@
 
     python -m specli_synth trained-drafters TD --size bench
     python lab/head_auto_check.py TD --heads eagle3-random dflash-random dspark-random --repeat 3
+    python lab/head_auto_check.py TD --generations 1 --temp 0.8 --keep-cache --repeat 5   # one-shot runs
 
 Each process loads TD/target.gguf alone (`plain`) or with one head and runs `--generations` generations
-of `-n` tokens over one prompt (T 0, seeds 0.., the first generation dropped: it measures the costs
-and finds that drafting does not pay); its figure is the median tok/s of the others (prompt excluded)
-and the median prompt seconds. Processes run in turns, in an order that rotates each repeat, each with
-an empty SPECLI_CACHE_DIR of its own; a ratio is the median of the per-repeat ratios to `plain`.
-`uptime`'s load is printed at the start and the end.
+of `-n` tokens over one prompt (T `--temp`, specli's default sampling otherwise, seeds 0..; with more
+than one, the first generation is dropped: it measures the costs and finds that drafting does not
+pay); its figure is the median tok/s of the others (prompt excluded) and the median prompt seconds.
+Processes run in turns, in an order that rotates each repeat, each with an empty SPECLI_CACHE_DIR of
+its own (with --keep-cache, one per configuration kept across the repeats, as a user's later runs
+find it); a ratio is the median of the per-repeat ratios to `plain`. `uptime`'s load is printed at the
+start and the end.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from compare_llamacpp import PLAIN_PROMPT, PROMPTS  # noqa: E402
 PROMPT_CHOICES = {"short": PLAIN_PROMPT, **PROMPTS}
 
 
-def child(target: str, head: str | None, prompt: str, tokens: int, generations: int, threads: int) -> None:
+def child(target: str, head: str | None, prompt: str, tokens: int, generations: int, threads: int,
+          temperature: float) -> None:
+    from dataclasses import replace
+
     from specli import GenerationParams, SamplingParams, load
 
     with load(target, head, n_ctx=4096, n_threads=threads) as spec:
@@ -36,30 +42,34 @@ def child(target: str, head: str | None, prompt: str, tokens: int, generations: 
         rates, prompts, drafted = [], [], []
         for seed in range(generations):
             spec.engine.reset()
-            params = GenerationParams(max_tokens=tokens, sampling=SamplingParams(temperature=0.0),
-                                      draft_max="auto", ignore_eos=True, seed=seed)
+            sampling = replace(SamplingParams(), temperature=temperature)
+            params = GenerationParams(max_tokens=tokens, sampling=sampling, draft_max="auto", ignore_eos=True,
+                                      seed=seed)
             stats = spec.generate(ids, params).complete().stats
             rates.append(stats.n_generated / stats.generation_seconds)
             prompts.append(stats.prompt_seconds)
             drafted.append(stats.drafted)
-    print(json.dumps({"rate": statistics.median(rates[1:]), "prompt": statistics.median(prompts[1:]),
+    later = slice(1 if generations > 1 else 0, None)
+    print(json.dumps({"rate": statistics.median(rates[later]), "prompt": statistics.median(prompts[later]),
                       "first_rate": rates[0], "drafted": drafted, "prompt_tokens": len(ids)}))
 
 
 def run(args: argparse.Namespace, head: str | None, prompt: str) -> dict:
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as fresh:
+        cache = str(args.caches / (head or "plain")) if args.keep_cache else fresh
         env = dict(os.environ, SPECLI_CACHE_DIR=cache)
         command = [sys.executable, __file__, "--child", str(args.dir / "target.gguf"),
                    str(args.dir / f"{head}.gguf") if head else "-", prompt, str(args.n),
-                   str(args.generations), str(args.threads)]
+                   str(args.generations), str(args.threads), str(args.temp)]
         out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        target, head, prompt, tokens, generations, threads = sys.argv[2:8]
-        child(target, None if head == "-" else head, prompt, int(tokens), int(generations), int(threads))
+        target, head, prompt, tokens, generations, threads, temperature = sys.argv[2:9]
+        child(target, None if head == "-" else head, prompt, int(tokens), int(generations), int(threads),
+              float(temperature))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path, help="a folder from `python -m specli_synth trained-drafters`")
@@ -69,7 +79,10 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("-t", "--threads", type=int, default=2)
+    parser.add_argument("--temp", type=float, default=0.0)
+    parser.add_argument("--keep-cache", action="store_true", help="one cost cache per configuration")
     args = parser.parse_args()
+    args.caches = Path(tempfile.mkdtemp(prefix="head-auto-"))
     print("load at start:", os.getloadavg())
     configs = [None, *args.heads]
     for prompt in args.prompts:

@@ -416,7 +416,7 @@ def test_the_draft_cost_kept_for_the_next_process_is_the_median_of_this_ones() -
 
 def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
     """While plain rounds are right, a source that costs a third of a target token per draft step looks
-    every ~17th round (~2 % of plain decoding's time); a free one is never plain: the gate judges it
+    every ~33rd round (~1 % of plain decoding's time); a free one is never plain: the gate judges it
     every round."""
     costs = _costs(CPU_STAIRCASE)
     for _ in range(1 + SETTLED_SAMPLES):  # the first is taken for a cold decode and left out
@@ -431,20 +431,24 @@ def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
             cal.observe(0.3, 0.0)
             cal.observe_first(0.3)  # lately unsure at the first position
         looks[source] = drafted[source] = 0
-        for _ in range(48):
+        for _ in range(100):
             decision = policy.decide(source, 8)
             looks[source] += decision.look
             drafted[source] += decision.k > 0
-            policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
-    assert 2 <= looks["slow"] <= 6 and drafted["slow"] == 0
-    assert drafted["free"] == 48
+            if decision.look:
+                policy.observe(RoundReport(source, 0, 0, 0.010, 0.0308, 1, first_confidence=0.3,
+                                           held=(0.3, 0.0)))
+            else:
+                policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
+    assert 2 <= looks["slow"] <= 4 and drafted["slow"] == 0, looks
+    assert drafted["free"] == 100
 
 
 def test_a_look_is_priced_with_the_catch_up_it_costs() -> None:
     """A shadow's look costs more than a draft step: the draft first catches up on the plain tokens
     since the last look, its weights read back after the target's evicted them (a weak draft of a
     150k-vocabulary target at T 1: ~20 % of a target token per look, where a step is ~3 %). Looks are
-    rationed by what they were measured to cost, so shadows stay ~2 % of plain decoding's time."""
+    rationed by what they were measured to cost, so shadows stay ~1 % of plain decoding's time."""
     costs = _costs(CPU_STAIRCASE)
     for _ in range(1 + SETTLED_SAMPLES):
         costs.observe_draft("draft", 1, 0.001)  # a draft step: 3 % of a target token
@@ -464,7 +468,7 @@ def test_a_look_is_priced_with_the_catch_up_it_costs() -> None:
                                        held=(0.3, 0.0), catch_up_seconds=0.005))
         else:
             policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
-    assert 4 <= looks <= 12, looks  # every ~10th round; priced by the step alone, every 2nd
+    assert 3 <= looks <= 6, looks  # every ~20th round; priced by the step alone, every ~4th
 
 
 def _watch(policy: AutoK, rounds: int, per_position: float, fixed: float = 0.004) -> list[bool]:
