@@ -56,6 +56,9 @@ BURST = 1.5
 # a drafter for good: the first steps of each new shape (a GPU's graphs built) cost many warm ones,
 # and one of them taken for the step's cost could give the hopeless verdict to a cheap draft.
 SETTLED_SAMPLES = 3
+# Or one warm step within this factor of the cost an earlier process kept (its median): the record is
+# confirmed by this machine as it is now (a busy spell's record, or a cold step, disagrees by more).
+CONFIRMS = 1.5
 # A decode whose process got less CPU time than this share of what it could get (CPU time over wall
 # time) ran while other work took its cores. Against the best share this process has had
 # (`CostModel.observe_verify`), it prices a batch size only where no decode with the full share has,
@@ -247,6 +250,7 @@ class CostModel:
     # This process's recent per-unit draft and look costs by source (the first of each left out): their
     # median is the cost once there are SETTLED_SAMPLES of them, the decayed means above until then.
     _draft_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
+    _draft_restored: dict[str, float] = field(default_factory=dict, repr=False)  # per unit, from `restore`
     _look_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
     _catch_up_seen: set[str] = field(default_factory=set, repr=False)
     _catch_up_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
@@ -317,6 +321,8 @@ class CostModel:
                 self.carried[m] = deque(samples, maxlen=self.window)
                 self.carried_age[m] = ages.get(m, 0)
         self.draft.update(slots["draft"])
+        self._draft_restored.update({source: cost for source, slot in slots["draft"].items()
+                                     if (cost := _per_unit(slot)) is not None and cost > 0})
         self.look.update(slots["look"])
         self.catch_up.update(slots["catch_up"])
         self._refit(self._position)
@@ -463,8 +469,15 @@ class CostModel:
     def draft_settled(self, source: str) -> bool:
         """Whether this process has timed enough warm draft steps of `source` (SETTLED_SAMPLES) for a
         verdict that stops looking at it: one or two may still be cold, and a record restored from
-        another process may describe another load of the machine."""
-        return _settled(self._draft_recent.get(source))
+        another process may describe another load of the machine; or one warm step that confirms
+        the restored record (within CONFIRMS of it: a block drafter's look costs more than a target
+        token, and each process would pay SETTLED_SAMPLES + 1 of them before any verdict)."""
+        recent = self._draft_recent.get(source)
+        if _settled(recent):
+            return True
+        restored = self._draft_restored.get(source)
+        return (bool(recent) and restored is not None
+                and restored / CONFIRMS <= recent[-1] <= restored * CONFIRMS)
 
     def verify_seconds(self, m_max: int, position: int = 0) -> list[float] | None:
         """Predicted T_v(m) for m = 1..m_max after `position` cached tokens, from the medians measured

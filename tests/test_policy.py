@@ -412,6 +412,14 @@ def test_the_draft_cost_kept_for_the_next_process_is_the_median_of_this_ones() -
     later.restore(json.loads(json.dumps(costs.to_record())))
     assert later.draft_seconds_per_token("draft") == pytest.approx(0.0003)
     assert not later.draft_settled("draft")  # a restored cost prices drafts, but stops nothing alone
+    later.observe_draft("draft", 1, 0.050)  # this process's first step: cold, left out
+    later.observe_draft("draft", 1, 0.0009)  # a warm one three times the record: not confirmed
+    assert not later.draft_settled("draft")
+    confirmed = CostModel()
+    confirmed.restore(json.loads(json.dumps(costs.to_record())))
+    confirmed.observe_draft("draft", 1, 0.050)
+    confirmed.observe_draft("draft", 1, 0.0004)  # within CONFIRMS of the record: it holds here now
+    assert confirmed.draft_settled("draft")
 
 
 def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
