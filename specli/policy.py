@@ -777,4 +777,8 @@ class AutoK(DraftPolicy):
         else:
             text = (f"{verify_text}{step_text}; acceptance {100 * acceptance:.0f} %: drafting would run at "
                     f"{speed:.2f}×")
+        per_position = self.costs.catch_up_seconds_per_position(source)
+        if source in self.rests and per_position is not None:
+            text += (f"; watching it would cost {100 * per_position / t1:.0f} % of a token (its catch-up), "
+                     "so it rests")
         return Holdback(cause, text, plain, rounds, best + 1, ratio, step, acceptance, speed)

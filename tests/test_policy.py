@@ -509,6 +509,7 @@ def test_a_source_whose_catch_up_alone_costs_more_than_shadows_may_rests() -> No
         dear.learned.calibration["draft"].observe_first(0.3)
     looks = _watch(dear, 300, per_position=0.0025)  # 8 % of a 30.8 ms target token
     assert dear.resting() == {"draft"} and 2 <= sum(looks) <= 6, sum(looks)
+    assert dear.holdback().text.endswith("watching it would cost 8 % of a token (its catch-up), so it rests")
     last_look = max(i for i, look in enumerate(looks) if look)
     assert last_look <= 160 and dear.learned.resting == {"draft": 0}
     woken = []
