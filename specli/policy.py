@@ -216,6 +216,14 @@ class Calibration:
         return cls(**arrays, last_first=float(last_first), after=after)
 
 
+def _held_this_generation(verdicts: dict[str, int]) -> list[str]:
+    """A new generation for `verdicts` (source -> generations since the verdict): each one older, and
+    the sources it still holds off (all but one generation in RECHECK_EVERY, which looks again)."""
+    for source in verdicts:
+        verdicts[source] += 1
+    return [source for source, since in verdicts.items() if since % RECHECK_EVERY]
+
+
 def regime(sampling: SamplingParams, same_as_plain: bool) -> str:
     """What a draft's acceptance depends on besides the pair of models: the sampling settings (greedy
     is one regime whatever the rest) and the verify rule."""
@@ -463,9 +471,10 @@ class AutoK(DraftPolicy):
     costs: CostModel = field(default_factory=CostModel)
     learned: Learned = field(default_factory=Learned)
     rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed tokens, seconds of rounds
-    plain_rounds: int = 0  # rounds since the last one that drafted (shadows are rationed by it)
+    plain_rounds: int = 0  # rounds since the last one that drafted (a declined verdict's quiet counts them)
     hopeless: set[str] = field(default_factory=set)  # sources that would not pay even at their surest
-    rests: set[str] = field(default_factory=set)  # sources not asked again this generation (`resting`)
+    # Sources not asked again this generation (`resting`), each with why: "declined" | "hopeless".
+    rests: dict[str, str] = field(default_factory=dict)
     left: int | None = None  # tokens the generation can still emit (this round's `decide`)
     position: int = 0  # tokens in the target's cache (this round's `decide`)
     text_sources: frozenset[str] = frozenset()  # sources whose confidence is the text's (n-gram)
@@ -478,23 +487,15 @@ class AutoK(DraftPolicy):
     asked: Counter = field(default_factory=Counter)  # rounds by the source asked
     _plan: str = field(default="unmeasured", repr=False)  # this round's, from `decide`
     _since_recheck: float = field(default=0.0, repr=False)  # seconds decoded since a hopeless verdict
-    _rest_cause: dict[str, str] = field(default_factory=dict, repr=False)  # "declined" | "hopeless"
     _unread: dict[str, int] = field(default_factory=dict, repr=False)  # tokens since a source last read
     _quiet: tuple[str, int] | None = field(default=None, repr=False)  # declined until plain_rounds reach
 
     def __post_init__(self) -> None:
         for source in self.text_sources & self.learned.calibration.keys():
             self.learned.calibration[source].carry(CARRIED_WEIGHT)
-        for source, since in self.learned.hopeless.items():
-            self.learned.hopeless[source] = since + 1
-            if (since + 1) % RECHECK_EVERY:
-                # Not even a shadow: on a draft as dear as the target, one costs a target token.
-                self.hopeless.add(source)
-        for source, since in self.learned.resting.items():
-            self.learned.resting[source] = since + 1
-            if (since + 1) % RECHECK_EVERY:
-                self.rests.add(source)
-                self._rest_cause[source] = "declined"
+        # Not even a shadow: on a draft as dear as the target, one costs a target token.
+        self.hopeless.update(_held_this_generation(self.learned.hopeless))
+        self.rests.update(dict.fromkeys(_held_this_generation(self.learned.resting), "declined"))
 
     def _calibration(self, source: str) -> Calibration:
         cal = self.learned.calibration.get(source)
@@ -549,7 +550,7 @@ class AutoK(DraftPolicy):
         self.asked[source] += 1
         self._unread.setdefault(source, 0)
         if source in self.rests:
-            self._plan = self._rest_cause.get(source, "declined")
+            self._plan = self.rests[source]
             return self._plain(look=False)
         quiet = self._quiet
         if quiet is not None and quiet[0] == source and self.plain_rounds < quiet[1]:
@@ -636,8 +637,7 @@ class AutoK(DraftPolicy):
                 and self._unread.get(source, 0) > 0)
 
     def _rest(self, source: str, cause: str) -> Decision:
-        self.rests.add(source)
-        self._rest_cause[source] = cause
+        self.rests[source] = cause
         self.learned.resting[source] = 0
         self.learned.hopeless.pop(source, None)
         self._plan = cause
@@ -654,8 +654,9 @@ class AutoK(DraftPolicy):
         return self._since_recheck * RECHECK_SHARE >= look
 
     def _shadow_gap(self, source: str, inputs: GateInputs) -> int:
+        """The tokens between shadows."""
         # Shadow every plain round when drafting is cheap, less often when not, so that shadows cost
-        # at most ~SHADOW_SHARE of plain decoding (at least every MAX_SHADOW_GAP rounds: the draft
+        # at most ~SHADOW_SHARE of plain decoding (at least every MAX_SHADOW_GAP tokens: the draft
         # cost itself is learned from these). A shadow costs what a look costs (the draft catching
         # up on the plain tokens since the last one, its step, its draw), not the draft step alone:
         # the catch-up reads the draft's weights back after the target's evicted them.

@@ -36,16 +36,19 @@ class HeadDrafter(CatchingUpDrafter):
         self.p_min = p_min
         self._sampler = Sampler(SamplingParams(temperature=0.0), Noise(0))
         self._seen: list[int] = []  # the context tokens the head's state was computed from
-        self.resting = False  # `set_resting`: begin() leaves the state as it is, the features unread
 
     def set_resting(self, resting: bool) -> None:
         # At rest the target hands out no features: a later begin() has the target decode again what
         # it decoded meanwhile (TargetFeatures.rows), once, instead of every decode paying for them.
-        self.resting = resting
         if resting:
             self.features.pause()
         else:
             self.features.resume()
+
+    @property
+    def resting(self) -> bool:
+        """Whether it rests (`set_resting`): begin() then leaves the state as it is, the features unread."""
+        return self.features.paused
 
     def _kept(self, context: list[int]) -> int:
         """How many leading tokens of `context` the state was computed from (a new generation may
