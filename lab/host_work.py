@@ -11,7 +11,8 @@ bench` (a 152k-vocabulary target with EAGLE-3 and DFlash heads: --trained DIR). 
 from lab/build_llama_tools.sh --with-server. Every rate excludes load and prompt on both sides.
 
 a) plain decoding, per --plain model, each repetition in a rotating order: `llama-bench -p 0 -n N` tg;
-   specli --no-draft at T 0 and with the default sampling (top-k 40, top-p 0.95, min-p 0.05, T 0.8);
+   specli --no-draft at T 0 and with the default sampling (top-k 40, top-p 0.95, min-p 0.05, T 0.8),
+   with native_sampling.c's filters and with numpy's (what runs where no C compiler is);
    llama-server (started once per model, `-np 1`) asked for N tokens at the same sampling, its own
    timings (`predicted_per_second`: its decode loop with its sampler, no HTTP). Ratios are per
    repetition (specli over the tool of the same repetition), then the median.
@@ -42,6 +43,8 @@ from _bench_common import find_tool, no_repack_flags, stop_process, tools_dir, w
 from compare_llamacpp import PLAIN_PROMPT, PROMPTS, ToolError, llama_bench_tg, run_tool  # noqa: E402
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
+from specli import sampling as sampling_module  # noqa: E402
+from specli.native import native  # noqa: E402
 from specli.sampling import DEFAULT_SAMPLING  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -117,6 +120,7 @@ def plain(model: Path, args: argparse.Namespace) -> list[Cell]:
     tg = Cell("llama-bench tg")
     greedy = Cell("specli T 0 (x llama-bench)")
     sampled = Cell("specli default sampling (x llama-bench)")
+    numpy_sampled = Cell("specli default sampling, numpy filters (x llama-bench)")
     served = Cell("llama-server default sampling")
     versus = Cell("specli default sampling (x llama-server)")
     spec = load(model, None, n_ctx=args.ctx, n_threads=args.threads)
@@ -124,16 +128,22 @@ def plain(model: Path, args: argparse.Namespace) -> list[Cell]:
     try:
         prompt = spec.tokenize(PLAIN_PROMPT)
 
-        def specli_rate(sampling: SamplingParams, seed: int) -> float:
+        def specli_rate(sampling: SamplingParams, seed: int, numpy_filters: bool = False) -> float:
             spec.engine.reset()
             params = GenerationParams(max_tokens=args.n, sampling=sampling, seed=seed, ignore_eos=True,
                                       draft_max=0, **where(args))
-            return spec.generate(prompt, params).complete().stats.tokens_per_second or 0.0
+            if numpy_filters:  # what a machine without a C compiler runs (specli/native.py)
+                sampling_module.native = lambda: None
+            try:
+                return spec.generate(prompt, params).complete().stats.tokens_per_second or 0.0
+            finally:
+                sampling_module.native = native
 
         runs = {
             "llama-bench": lambda rep: llama_bench_tg(bench, model, args.n, args.threads) if bench else None,
             "specli T 0": lambda rep: specli_rate(GREEDY, rep),
             "specli default": lambda rep: specli_rate(DEFAULT_SAMPLING, rep),
+            "specli default, numpy": lambda rep: specli_rate(DEFAULT_SAMPLING, rep, True),
             "llama-server": lambda rep: server.rate(args.n, DEFAULT_SAMPLING, rep) if server else None,
         }
         for name in runs:  # warm-up: compute buffers, the server's first request
@@ -143,13 +153,15 @@ def plain(model: Path, args: argparse.Namespace) -> list[Cell]:
             order = names[rep % len(names):] + names[: rep % len(names)]
             got = {name: runs[name](rep) for name in order}
             for cell, value in ((tg, got["llama-bench"]), (greedy, got["specli T 0"]),
-                                (sampled, got["specli default"]), (served, got["llama-server"]),
+                                (sampled, got["specli default"]),
+                                (numpy_sampled, got["specli default, numpy"]), (served, got["llama-server"]),
                                 (versus, got["specli default"])):
                 if value is not None:
                     cell.values.append(value)
             if got["llama-bench"]:
                 greedy.ratios.append(got["specli T 0"] / got["llama-bench"])
                 sampled.ratios.append(got["specli default"] / got["llama-bench"])
+                numpy_sampled.ratios.append(got["specli default, numpy"] / got["llama-bench"])
             if got["llama-server"]:
                 versus.ratios.append(got["specli default"] / got["llama-server"])
             say(f"  plain {model.name} rep {rep + 1}: " + ", ".join(f"{k} {fmt(v)}" for k, v in got.items())
@@ -158,7 +170,7 @@ def plain(model: Path, args: argparse.Namespace) -> list[Cell]:
         spec.close()
         if server:
             server.close()
-    return [tg, greedy, sampled, served, versus]
+    return [tg, greedy, sampled, numpy_sampled, served, versus]
 
 
 # -- b) and c) draft steps --------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from specli.costs import STARVED, CostModel
 from specli.drafters.base import Drafter
+from specli.fileio import cache_base
 from specli.host import cpuinfo
 from specli.llama import Model, repacks
 from specli.policy import Learned
@@ -41,10 +42,7 @@ def cache_directory() -> Path | None:
     """Where cost files live, or None when SPECLI_COST_CACHE=0 turns them off."""
     if os.environ.get("SPECLI_COST_CACHE", "").strip().lower() in ("0", "off", "no", "false"):
         return None
-    base = os.environ.get("SPECLI_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "specli"
-    )
-    return Path(base) / "costs"
+    return cache_base() / "costs"
 
 
 def identity(target: Model, drafter: Drafter | None) -> dict:

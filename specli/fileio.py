@@ -106,6 +106,14 @@ def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
     return p
 
 
+def cache_base() -> Path:
+    """specli's cache directory: $SPECLI_CACHE_DIR, else $XDG_CACHE_HOME/specli or ~/.cache/specli."""
+    base = os.environ.get("SPECLI_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "specli"
+    )
+    return Path(base)
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` where `path` points, so the named file is either the old one or the complete new one.
 

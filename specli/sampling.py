@@ -10,7 +10,9 @@ everything after that (top-k, min-p, the top-p candidates, Gumbel-max draws) tou
 groups that can matter. A processed distribution (`Dist`) holds just its support. Right after a
 decode has streamed the weights through the caches, every numpy call costs tens of microseconds
 whatever its size, so the few dozen survivors of the filters are handled in plain Python, and
-banned ids (--ignore-eos) are checked after the fact where they can only matter by winning.
+banned ids (--ignore-eos) are checked after the fact where they can only matter by winning. Where
+native_sampling.c is built (specli/native.py), a top-k row is filtered and drawn there instead, in one
+call each, with the same arithmetic (docs/exactness.md#the-host-filters-in-c-native_samplingc).
 
 Randomness is keyed, not streamed: every random number is a hash of (seed, position, purpose, token
 id) (`Noise`), so what a position draws never depends on what was drawn before, how many tokens a
@@ -28,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from specli.native import NativeSampling, native
 from specli.settings import DEFAULTS, SAMPLER_RANGES, SETTINGS, RunSettings, temperature_problem
 
 # Ids are grouped in fixed blocks of this many: a block's maximum logit bounds all of its ids.
@@ -79,6 +82,16 @@ class SamplingParams:
 DEFAULT_SAMPLING = SamplingParams.of(DEFAULTS)
 
 
+_F32 = np.dtype(np.float32)
+_I64 = np.dtype(np.int64)
+_F64 = np.dtype(np.float64)
+
+
+def _address(a: np.ndarray) -> int:
+    """Where an array's data starts, for native_sampling.c (cheaper than a.ctypes.data)."""
+    return a.__array_interface__["data"][0]
+
+
 # -- keyed noise ---------------------------------------------------------------------------------------
 
 _MASK = (1 << 64) - 1
@@ -121,8 +134,11 @@ def _mix_in_place(x: np.ndarray) -> None:
 
 
 _2_53 = 1.0 / (1 << 53)  # 53 bits of a hash, as a uniform's step (_unit, Noise.gumbel_few)
-# Supports of up to this many ids draw their noise in plain Python (Noise.gumbel_few).
-_FEW = 24
+# Supports of up to this many ids draw their noise in plain Python (Noise.gumbel_few) where
+# native_sampling.c is not built; with it, every support draws there, with the same arithmetic (the C
+# library's log). Above this, numpy's vectorized log can differ from it in the last bit: a draw then
+# differs only where two candidates tie to ~1e-16, and one process always uses one of the two.
+_FEW = 64
 
 
 def _unit(bits: np.ndarray) -> np.ndarray:
@@ -172,6 +188,13 @@ class Noise:
 
     def gumbel(self, position: int, ids: np.ndarray, family: int, salt: int = 0) -> np.ndarray:
         """Gumbel(0) noise of each id (float64): one hash per id, for draws over a small support."""
+        lib = native()
+        if lib is not None:
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
+            out = np.empty(ids.shape[0])
+            lib.keyed_gumbel(_address(ids), ids.shape[0], self._base(position, family * 4, salt),
+                             _address(out))
+            return out
         if ids.shape[0] <= _FEW:
             return np.array(self.gumbel_few(position, ids.tolist(), family, salt))
         # -log(-log(_unit(_bits(...)))), each step in place (the same arithmetic, fewer arrays)
@@ -268,7 +291,7 @@ def _sorted_desc(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def _top_k(row: np.ndarray, groups: _Groups, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The ids of the `k` largest logits (ties to the lowest ids, deterministic as llama.cpp's sort)
-    and their logits, in no particular order.
+    and their logits, by ascending id.
 
     The k-th largest group maximum t is a value of the row, and k groups reach it, so the k-th largest
     value is >= t: every id that can be among the top lies in a group whose maximum reaches t, and
@@ -284,7 +307,7 @@ def _top_k(row: np.ndarray, groups: _Groups, k: int) -> tuple[np.ndarray, np.nda
     if k < ids.shape[0]:
         top = (vals >= _kth_largest(vals, k)).nonzero()[0]
         if top.shape[0] > k:
-            top = np.lexsort((ids, -vals))[:k]  # a tie at the boundary: the lowest ids win it
+            top = np.sort(np.lexsort((ids, -vals))[:k])  # a tie at the boundary: the lowest ids win it
         ids, vals = ids[top], vals[top]
     return ids, vals
 
@@ -371,15 +394,19 @@ def _top_k_support(
         survives = vals >= floor
         return keep[survives], vals[survives]
     # The smallest best-first prefix whose mass reaches top_p (ties to the lowest id), summed in order
-    # as llama.cpp sums it (in float64), then min-p's floor.
+    # as llama.cpp sums it (in float64; the total too, best first, as native_sampling.c does), then
+    # min-p's floor; the survivors by ascending id.
     order = np.lexsort((keep, -vals)).tolist()
+    total = 0.0
+    for i in order:
+        total += z[i]
     mass, cut = 0.0, len(order)
     for j, i in enumerate(order):
         mass += z[i]
         if mass / total >= top_p:
             cut = j + 1
             break
-    prefix = [i for i in order[:cut] if values[i] >= floor]
+    prefix = sorted(i for i in order[:cut] if values[i] >= floor)
     return keep[prefix], vals[prefix]
 
 
@@ -438,6 +465,12 @@ def _within_floor(
     return None
 
 
+def _min_p_floor(m: float, min_p: float) -> float:
+    """min-p's floor, m + log(min_p), rounded to a float32 once: numpy compares float32 logits with a
+    Python float in float32 and Python compares in float64, and the two agree only on a float32."""
+    return float(np.float32(m + math.log(min_p)))
+
+
 def _support(
     row: np.ndarray, groups: _Groups, m: float, params: SamplingParams, banned: frozenset[int]
 ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -449,7 +482,7 @@ def _support(
     min_p = params.min_p
     if not (top_k or top_p or min_p):
         return None
-    floor = m + math.log(min_p) if min_p else -math.inf
+    floor = _min_p_floor(m, min_p) if min_p else -math.inf
     if top_k:
         return _top_k_support(row, groups, m, top_k, top_p, floor, banned)
     if not top_p:
@@ -527,6 +560,12 @@ class Dist:
         if self.ids is not None:
             if self.ids.shape[0] == 1:
                 return int(self.ids[0])  # the argmax over one id, whatever its noise
+            lib = native()
+            if lib is not None and self.ids.dtype == _I64 and self.scores.dtype == _F64 \
+                    and self.ids.flags.c_contiguous and self.scores.flags.c_contiguous:
+                base = lib.noise_base(noise._key, position, family * 4, salt)
+                return int(self.ids[lib.keyed_argmax(_address(self.ids), _address(self.scores),
+                                                     self.ids.shape[0], base)])
             if self.ids.shape[0] <= _FEW:
                 ids = self.ids.tolist()
                 noise_of = noise.gumbel_few(position, ids, family, salt)
@@ -727,6 +766,12 @@ def distribution(logits: np.ndarray | Survivors, params: SamplingParams, *, widt
         return _survivors_distribution(logits, params, width or int(logits.ids.max(initial=0)) + 1)
     row = logits if width is None or width >= logits.shape[0] else logits[:width]
     out_width = width or row.shape[0]
+    lib = native()
+    if lib is not None and lib.filter is not None and 0 < params.top_k < row.shape[0] \
+            and row.dtype == _F32 and row.flags.c_contiguous:
+        dist = _native_distribution(lib, row, params, out_width)
+        if dist is not None:
+            return dist
     if params.banned:
         if 0 < params.top_k < row.shape[0]:
             # A banned id changes top-k's outcome only by being among the winners (or, with top-p,
@@ -761,6 +806,31 @@ def _distribution(
         return Dist(None, row * np.float32(inv_t), out_width)
     keep, logits_kept = support
     return Dist(keep, np.multiply(logits_kept, inv_t, dtype=np.float64), out_width)
+
+
+@functools.lru_cache(maxsize=16)
+def _banned_array(banned: tuple[int, ...]) -> np.ndarray:
+    return np.array(banned, dtype=np.int64)
+
+
+def _native_distribution(
+    lib: NativeSampling, row: np.ndarray, params: SamplingParams, out_width: int
+) -> Dist | None:
+    """top-k → top-p → min-p in one call of native_sampling.c, banned ids masked: the same support,
+    scores and order (ascending ids) as the numpy path. None where that path must decide (a NaN or
+    infinite logit: its errors)."""
+    k = params.top_k
+    out = np.empty(4 * k + 1)  # the survivors' ids and scores, the C side's scratch, the maximum
+    banned = _banned_array(params.banned) if params.banned else None  # held until the call returns
+    inv_t = 1.0 / params.temperature
+    count = lib.filter(_address(row), row.shape[0], k, params.top_p if params.top_p < 1.0 else 0.0,
+                       params.min_p, inv_t, None if banned is None else _address(banned),
+                       len(params.banned), _address(out))
+    if count < 1:
+        return None
+    if not math.isfinite(inv_t * max(1.0, abs(float(out[4 * k])))):
+        raise SamplingError(f"temperature {params.temperature:g} is too small to divide logits by")
+    return Dist(out[:count].view(np.int64), out[k : k + count], out_width)
 
 
 def proposal_acceptance(p: Dist, token: int, q: Dist | None) -> float:

@@ -17,6 +17,7 @@ from specli.engine import GenerationParams, sampling_path
 from specli.errors import EXIT_INTERRUPTED, UsageProblem
 from specli.events import TokenEvent
 from specli.llama import PromptTooLong
+from specli.native import reason as native_reason
 from specli.runplan import Plan, load_run
 from specli.ui.console import make_console, note, shows_styles
 
@@ -63,6 +64,8 @@ def show_run(plan: Plan, text: str, *, no_draft: bool, show_rejected: bool, json
         mode = "json" if json_out else ("terminal" if out.is_terminal else "pipe")
         if verbose:
             filters, why = sampling_path(spec.target, params.sampling, params.sampling_on)
+            if filters is None and not params.sampling.greedy:
+                why += f"; filters: {native_reason()}"
             note(err, f"sampling: {'host' if filters is None else 'backend'} ({why})")
         generation = stream_generation(spec, prompt_tokens, params, mode, out, show_rejected=show_rejected,
                                        prompt_text=text)

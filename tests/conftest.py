@@ -88,6 +88,9 @@ def isolated_session_environment(tmp_path_factory: pytest.TempPathFactory) -> It
     with pytest.MonkeyPatch.context() as monkeypatch:
         home = tmp_path_factory.mktemp("session-home")
         _isolate(monkeypatch, home)
+        # One build of the C filters for the session and every process it starts (each test's empty
+        # HOME would otherwise compile its own; specli/native.py).
+        monkeypatch.setenv("SPECLI_NATIVE_DIR", str(tmp_path_factory.mktemp("native")))
         yield home
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_the_files_are_laid_out_as_llama_cpps_converter_writes_them(trained_draf
 
 
 def test_python_m_specli_synth_writes_a_set(tmp_path: Path) -> None:
-    proc = subprocess.run(["python", "-m", "specli_synth", "trained-drafters", str(tmp_path / "set")],
+    proc = subprocess.run([sys.executable, "-m", "specli_synth", "trained-drafters", str(tmp_path / "set")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     written = sorted(p.name for p in (tmp_path / "set").iterdir())

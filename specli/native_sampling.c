@@ -1,0 +1,417 @@
+/* specli's filters and keyed draw for one logits row, in C (issue #51).
+
+   The same arithmetic as sampling.py's numpy path, step for step, so that either gives the same
+   support, the same scores and the same token: specli/native.py compiles this file with the machine's
+   C compiler on first use (-ffp-contract=off: no fused multiply-adds), and sampling.py falls back to
+   numpy where it cannot. numpy pays ~1 us a call on caches a decode has just evicted and a filtered
+   row needs some thirty; here the whole filter is one call of a few microseconds.
+
+   Order, as llama.cpp's default chain: top-k, then top-p over the top k's mass, then min-p. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+typedef struct {
+    float v;
+    int64_t id;
+} cand;
+
+/* a ranks above b: the larger logit, ties to the lower id (llama.cpp's sort, sampling.py's lexsort) */
+static inline int above(cand a, cand b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
+
+/* A min-heap of the k best candidates seen: heap[0] is the worst of them. */
+static void sift_down(cand *heap, long size, long i) {
+    for (;;) {
+        long l = 2 * i + 1, r = l + 1, w = i;
+        if (l < size && above(heap[w], heap[l])) w = l;
+        if (r < size && above(heap[w], heap[r])) w = r;
+        if (w == i) return;
+        cand t = heap[i];
+        heap[i] = heap[w];
+        heap[w] = t;
+        i = w;
+    }
+}
+
+static inline void offer(cand *heap, long k, long *size, cand c) {
+    if (*size < k) {
+        long i = (*size)++;
+        heap[i] = c;
+        while (i > 0) { /* sift up: the worst rises to the root */
+            long p = (i - 1) / 2;
+            if (!above(heap[p], heap[i])) break;
+            cand t = heap[i];
+            heap[i] = heap[p];
+            heap[p] = t;
+            i = p;
+        }
+    } else if (above(c, heap[0])) {
+        heap[0] = c;
+        sift_down(heap, k, 0);
+    }
+}
+
+static int best_first(const void *a, const void *b) {
+    cand x = *(const cand *)a, y = *(const cand *)b;
+    return above(x, y) ? -1 : (above(y, x) ? 1 : 0);
+}
+
+static int by_id(const void *a, const void *b) {
+    int64_t x = ((const cand *)a)->id, y = ((const cand *)b)->id;
+    return (x > y) - (x < y);
+}
+
+/* qsort, or an insertion sort where there are few (the usual top-k of a few dozen) */
+static void sort(cand *a, long count, int (*cmp)(const void *, const void *)) {
+    if (count > 64) {
+        qsort(a, (size_t)count, sizeof(cand), cmp);
+        return;
+    }
+    for (long i = 1; i < count; i++) {
+        cand x = a[i];
+        long j = i;
+        while (j > 0 && cmp(&a[j - 1], &x) > 0) {
+            a[j] = a[j - 1];
+            j--;
+        }
+        a[j] = x;
+    }
+}
+
+static int is_banned(int64_t id, const int64_t *banned, long n_banned) {
+    for (long i = 0; i < n_banned; i++)
+        if (banned[i] == id) return 1;
+    return 0;
+}
+
+#define BLOCK 64 /* ids per block: a block's maximum bounds its ids */
+
+/* The maximum of each block of BLOCK ids (the last one may be short) into bm, and whether the row
+   holds a NaN: a sum of the row is NaN then (or where it holds both infinities, which the caller
+   refuses as well), and costs one addition per vector where a NaN test would cost two. */
+static int block_maxima_scalar(const float *row, long n, long b, float *bm, float sum) {
+    for (; b * BLOCK < n; b++) {
+        float m = -INFINITY;
+        for (long i = b * BLOCK; i < n && i < (b + 1) * BLOCK; i++) {
+            sum += row[i];
+            if (row[i] > m) m = row[i];
+        }
+        bm[b] = m;
+    }
+    return sum != sum;
+}
+
+#ifdef __SSE2__
+static float hmax4(__m128 m) {
+    m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtss_f32(m);
+}
+
+static float hsum4(__m128 s) {
+    float lanes[4];
+    _mm_storeu_ps(lanes, s);
+    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+}
+
+static int block_maxima_sse2(const float *row, long n, float *bm) {
+    long full = n / BLOCK, b = 0;
+    __m128 acc = _mm_setzero_ps();
+    for (; b < full; b++) {
+        const float *p = row + b * BLOCK;
+        __m128 m0 = _mm_loadu_ps(p), m1 = _mm_loadu_ps(p + 4), m2 = _mm_loadu_ps(p + 8),
+               m3 = _mm_loadu_ps(p + 12);
+        acc = _mm_add_ps(acc, _mm_add_ps(_mm_add_ps(m0, m1), _mm_add_ps(m2, m3)));
+        for (int i = 16; i < BLOCK; i += 16) {
+            __m128 v0 = _mm_loadu_ps(p + i), v1 = _mm_loadu_ps(p + i + 4), v2 = _mm_loadu_ps(p + i + 8),
+                   v3 = _mm_loadu_ps(p + i + 12);
+            acc = _mm_add_ps(acc, _mm_add_ps(_mm_add_ps(v0, v1), _mm_add_ps(v2, v3)));
+            m0 = _mm_max_ps(m0, v0);
+            m1 = _mm_max_ps(m1, v1);
+            m2 = _mm_max_ps(m2, v2);
+            m3 = _mm_max_ps(m3, v3);
+        }
+        bm[b] = hmax4(_mm_max_ps(_mm_max_ps(m0, m1), _mm_max_ps(m2, m3)));
+    }
+    return block_maxima_scalar(row, n, b, bm, hsum4(acc));
+}
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+/* The same with eight lanes, where the processor has AVX2 (chosen at run time: this file is built
+   for any x86-64): ~9 us a 262k row here against ~16 with four. */
+__attribute__((target("avx2"))) static int block_maxima_avx2(const float *row, long n, float *bm) {
+    long full = n / BLOCK, b = 0;
+    __m256 acc = _mm256_setzero_ps();
+    for (; b < full; b++) {
+        const float *p = row + b * BLOCK;
+        __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8), v2 = _mm256_loadu_ps(p + 16),
+               v3 = _mm256_loadu_ps(p + 24), v4 = _mm256_loadu_ps(p + 32), v5 = _mm256_loadu_ps(p + 40),
+               v6 = _mm256_loadu_ps(p + 48), v7 = _mm256_loadu_ps(p + 56);
+        acc = _mm256_add_ps(acc, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)),
+                                               _mm256_add_ps(_mm256_add_ps(v4, v5), _mm256_add_ps(v6, v7))));
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_max_ps(v0, v1), _mm256_max_ps(v2, v3)),
+                                 _mm256_max_ps(_mm256_max_ps(v4, v5), _mm256_max_ps(v6, v7)));
+        bm[b] = hmax4(_mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1)));
+    }
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    return block_maxima_scalar(row, n, b, bm, hsum4(s));
+}
+
+/* The k-th largest of v[0, count) (k <= 64) and the largest, for finite or infinite values. The k largest
+   seen are kept in ascending order in the top of 64 slots, and a value that beats the k-th is put in
+   its place with vector compares and blends: a heap's sift mispredicts a branch at nearly every level
+   (~100 cycles an insertion here, a few hundred insertions a row). */
+__attribute__((target("avx2"))) static float kth_largest_avx2(const float *v, long count, long k,
+                                                               float *largest) {
+    float s[72];
+    for (int j = 0; j < 72; j++) s[j] = j < 64 ? -INFINITY : INFINITY;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    float reach = -INFINITY;
+    for (long i = 0; i < count; i++) {
+        if ((i & 7) == 0) { /* eight at a time while none beats the k-th */
+            __m256 bar = _mm256_set1_ps(reach);
+            while (i + 8 <= count && !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), bar, _CMP_GT_OQ)))
+                i += 8;
+            if (i >= count) break;
+        }
+        float x = v[i];
+        if (!(x > reach)) continue;
+        __m256 xv = _mm256_set1_ps(x);
+        int below = 0; /* slots holding less than x: x goes to slot below - 1, those under it move down */
+        for (int j = 0; j < 64; j += 8)
+            below += __builtin_popcount((unsigned)_mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_loadu_ps(s + j), xv, _CMP_LT_OQ)));
+        __m256i at = _mm256_set1_epi32(below - 1);
+        for (int j = 0; j < 64; j += 8) {
+            __m256 here = _mm256_loadu_ps(s + j), next = _mm256_loadu_ps(s + j + 1);
+            __m256i slot = _mm256_add_epi32(lane, _mm256_set1_epi32(j));
+            __m256 moves = _mm256_castsi256_ps(_mm256_cmpgt_epi32(at, slot));
+            __m256 lands = _mm256_castsi256_ps(_mm256_cmpeq_epi32(at, slot));
+            _mm256_storeu_ps(s + j, _mm256_blendv_ps(_mm256_blendv_ps(here, next, moves), xv, lands));
+        }
+        reach = s[64 - k];
+    }
+    *largest = s[63];
+    return reach;
+}
+#endif
+#endif
+
+static int block_maxima(const float *row, long n, float *bm) {
+#ifdef HAVE_AVX2_PATH
+    if (__builtin_cpu_supports("avx2")) return block_maxima_avx2(row, n, bm);
+#endif
+#ifdef __SSE2__
+    return block_maxima_sse2(row, n, bm);
+#else
+    return block_maxima_scalar(row, n, 0, bm, 0.0f);
+#endif
+}
+
+/* Filter one row: top_k in (0, n); top_p 0 when off; min_p 0 when off; banned[n_banned]: ids that
+   count as -inf (--ignore-eos; those outside [0, n) are ignored), as in a masked row. out[4 * top_k + 1]: the survivors' ids (int64) by ascending id in out[0, top_k),
+   their scores (logit * inv_t) in out[top_k, 2 top_k), the row's maximum in out[4 top_k]; the rest
+   is scratch (top_k candidates).
+
+   Returns the number of survivors, or -1 where sampling.py must decide (a NaN or infinite logit, for
+   its errors; no memory). */
+long specli_filter(const float *row, long n, long top_k, double top_p, double min_p, double inv_t,
+                   const int64_t *banned, long n_banned, double *out) {
+    int64_t *out_ids = (int64_t *)out;
+    double *out_scores = out + top_k, *out_m = out + 4 * top_k;
+    cand *heap = (cand *)(out + 2 * top_k);
+    long n_blocks = (n + BLOCK - 1) / BLOCK;
+    float *bm = malloc((size_t)n_blocks * sizeof(float));
+    if (!bm) return -1;
+    int nan = block_maxima(row, n, bm);
+    /* a banned id's block: its maximum over the others (a masked row's, as the numpy path masks it) */
+    for (long j = 0; j < n_banned; j++) {
+        if (banned[j] < 0 || banned[j] >= n) continue;
+        long b = banned[j] / BLOCK, stop = (b + 1) * BLOCK < n ? (b + 1) * BLOCK : n;
+        float m = -INFINITY;
+        for (long i = b * BLOCK; i < stop; i++)
+            if (row[i] > m && !is_banned(i, banned, n_banned)) m = row[i];
+        bm[b] = m;
+    }
+
+    /* The maximum, and the top_k-th largest block maximum ("reach"): every top-k id lies in a block
+       that reaches it. A min-heap of floats (in out_scores' room) keeps the k largest maxima seen; a
+       maximum that does not beat the smallest is passed over in one comparison. */
+    float m = -INFINITY, reach = -INFINITY;
+    float *best = (float *)out_scores;
+    long size = 0, n_blocks_scanned = 0;
+#ifdef HAVE_AVX2_PATH
+    if (top_k <= 64 && top_k < n_blocks && __builtin_cpu_supports("avx2")) {
+        reach = kth_largest_avx2(bm, n_blocks, top_k, &m);
+        n_blocks_scanned = n_blocks;
+    }
+#endif
+    for (long b = n_blocks_scanned; b < n_blocks; b++) {
+#ifdef __SSE2__
+        if ((b & 3) == 0) { /* four at a time while none of them beats the smallest kept */
+            __m128 bar = _mm_set1_ps(reach);
+            while (b + 4 <= n_blocks && !_mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(bm + b), bar)))
+                b += 4;
+            if (b >= n_blocks) break;
+        }
+#endif
+        float v = bm[b];
+        if (v <= reach) continue;
+        if (v > m) m = v;
+        if (top_k >= n_blocks) continue;
+        if (size < top_k) {
+            long i = size++;
+            best[i] = v;
+            while (i > 0 && best[(i - 1) / 2] > best[i]) {
+                float t = best[i];
+                best[i] = best[(i - 1) / 2];
+                best[(i - 1) / 2] = t;
+                i = (i - 1) / 2;
+            }
+            if (size == top_k) reach = best[0];
+        } else {
+            long i = 0;
+            for (;;) { /* replace the smallest, sift it down */
+                long l = 2 * i + 1, r = l + 1, w = i;
+                float wv = v;
+                if (l < size && best[l] < wv) w = l, wv = best[l];
+                if (r < size && best[r] < wv) w = r, wv = best[r];
+                if (w == i) break;
+                best[i] = wv;
+                i = w;
+            }
+            best[i] = v;
+            reach = best[0];
+        }
+    }
+    *out_m = (double)m;
+    if (nan || isinf(m)) {
+        free(bm);
+        if (nan) *out_m = NAN;
+        return -1;
+    }
+
+    /* the top k of the blocks that reach it (the set does not depend on the order offered); within a
+       block, four at a time while none reaches it: the k-th largest is at least reach */
+    size = 0;
+    /* Ask for the blocks' memory first, all at once: the row has mostly left the core's cache since
+       the pass, and one block at a time each waits a full trip to the shared cache. */
+    for (long b = 0; b < n_blocks; b++)
+        if (bm[b] >= reach)
+            for (int line = 0; line < BLOCK; line += 16) __builtin_prefetch(row + b * BLOCK + line);
+    for (long b = 0; b < n_blocks; b++) {
+        if (bm[b] < reach) continue;
+        long i = b * BLOCK, stop = i + BLOCK < n ? i + BLOCK : n;
+        for (; i < stop; i++) {
+#ifdef __SSE2__
+            if ((i & 3) == 0) {
+                __m128 bar = _mm_set1_ps(reach);
+                while (i + 4 <= stop && !_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(row + i), bar)))
+                    i += 4;
+                if (i >= stop) break;
+            }
+#endif
+            if (row[i] >= reach) {
+                cand c = {row[i], i};
+                if (n_banned && is_banned(i, banned, n_banned)) {
+                    c.v = -INFINITY; /* masked, as the numpy path masks the row */
+                    if (reach > -INFINITY) continue;
+                }
+                offer(heap, top_k, &size, c);
+            }
+        }
+    }
+    free(bm);
+    sort(heap, size, best_first);
+
+    long cut = size;
+    if (top_p > 0.0) {
+        /* the smallest best-first prefix whose share of the top-k mass reaches top_p, summed in order */
+        double *z = out_scores; /* room for top_k: scratch until the survivors are written */
+        double total = 0.0, mass = 0.0;
+        for (long j = 0; j < size; j++) {
+            z[j] = exp((double)heap[j].v - (double)m);
+            total += z[j];
+        }
+        for (long j = 0; j < size; j++) {
+            mass += z[j];
+            if (mass / total >= top_p) {
+                cut = j + 1;
+                break;
+            }
+        }
+    }
+    /* min-p's floor rounded to a float32 once (sampling._min_p_floor), so that numpy's comparisons of
+       float32 logits with it and Python's in float64 agree */
+    float floor = min_p > 0.0 ? (float)((double)m + log(min_p)) : -INFINITY;
+    long kept = 0;
+    for (long j = 0; j < cut; j++) {
+        if (heap[j].v >= floor) {
+            heap[kept++] = heap[j];
+        }
+    }
+    sort(heap, kept, by_id);
+    for (long j = 0; j < kept; j++) {
+        out_ids[j] = heap[j].id;
+        out_scores[j] = (double)heap[j].v * inv_t;
+    }
+    return kept;
+}
+
+/* Whether specli_filter's passes over the row are vectorized here; without, numpy's are faster. */
+int specli_filter_vectorized(void) {
+#ifdef __SSE2__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* -- keyed noise: Noise in sampling.py --------------------------------------------------------------- */
+
+static const uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL;
+
+static inline uint64_t mix(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+/* Noise._base: the key of one (position, stream, salt) */
+uint64_t specli_noise_base(uint64_t key, uint64_t position, uint64_t stream, uint64_t salt) {
+    uint64_t h = mix(key ^ (position * GOLDEN));
+    h = mix(h ^ ((stream << 48) + 1));
+    return mix(h ^ (salt * 0xD6E8FEB86659FD93ULL));
+}
+
+/* Gumbel(0) noise keyed by an id (Noise.gumbel_few: the C library's log, as Python's math.log) */
+static inline double keyed_gumbel(int64_t id, uint64_t base) {
+    uint64_t bits = mix((uint64_t)id * GOLDEN + base);
+    double u = ((double)(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    return -log(-log(u));
+}
+
+void specli_keyed_gumbel(const int64_t *ids, long n, uint64_t base, double *out) {
+    for (long j = 0; j < n; j++) out[j] = keyed_gumbel(ids[j], base);
+}
+
+/* argmax over the support of score + its noise; the first of equal values wins, as
+   list.index(max(...)) and numpy's argmax. */
+long specli_keyed_argmax(const int64_t *ids, const double *scores, long n, uint64_t base) {
+    long best = 0;
+    double best_value = -INFINITY;
+    for (long j = 0; j < n; j++) {
+        double value = scores[j] + keyed_gumbel(ids[j], base);
+        if (j == 0 || value > best_value) {
+            best = j;
+            best_value = value;
+        }
+    }
+    return best;
+}

@@ -1,0 +1,223 @@
+"""native_sampling.c (the host filters and keyed draw in C, compiled on first use) gives what numpy's path
+gives: the same support, scores and token for every row and setting, and the same text from a real model.
+Where it cannot be built, specli says so and samples with numpy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from specli import GenerationParams, load
+from specli import sampling as sampling_module
+from specli.native import native, reason
+from specli.sampling import DEFAULT_SAMPLING, Noise, SamplingError, SamplingParams, distribution
+
+needs_native = pytest.mark.skipif(native() is None, reason=f"no C build here: {reason()}")
+
+
+@pytest.fixture
+def numpy_only(monkeypatch):
+    """Run the numpy path in this process: what a machine without a C compiler runs."""
+
+    def use_numpy():
+        monkeypatch.setattr(sampling_module, "native", lambda: None)
+
+    def use_native():
+        monkeypatch.setattr(sampling_module, "native", native)
+
+    return use_numpy, use_native
+
+
+def _rows(rng: np.random.Generator, n: int):
+    """Rows of the shapes the filters meet: peaked, flat, ties at every boundary, masked (-inf)."""
+    for kind in ("peaked", "flat", "ties", "masked", "wide"):
+        for _ in range(3):
+            row = rng.standard_normal(n).astype(np.float32)
+            if kind == "peaked":
+                row *= 4
+                row[rng.integers(n, size=5)] += 12
+            elif kind == "flat":
+                row *= 0.3
+            elif kind == "ties":
+                row = np.round(row * 2) / 2  # many equal logits, at the top-k boundary too
+                row[rng.integers(n, size=60)] = row.max()
+            elif kind == "masked":
+                row[rng.permutation(n)[: n * 9 // 10]] = -np.inf  # top-k reaches into -inf
+            else:
+                row *= 40  # a stand-in's large logits
+            yield kind, row.astype(np.float32)
+
+
+SETTINGS = [
+    SamplingParams(temperature=t, top_k=k, top_p=p, min_p=mp)
+    for t, k, p, mp in [
+        (0.8, 40, 0.95, 0.05), (0.8, 40, 1.0, 0.0), (0.8, 40, 0.5, 0.0), (0.8, 40, 1.0, 0.2),
+        (1.0, 1, 0.95, 0.05), (0.7, 5, 0.9, 0.1), (0.8, 64, 0.99, 0.01), (0.8, 65, 0.95, 0.05),
+        (1.3, 200, 0.9, 0.0), (0.8, 1000, 1.0, 0.05), (0.8, 1000, 1.0, 0.0),
+    ]
+]
+
+
+def _same(a, b) -> bool:
+    return np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores)
+
+
+@needs_native
+@pytest.mark.parametrize("n", [700, 5_000, 151_936, 262_144])
+def test_the_c_filters_give_numpys_support_scores_and_token(n, numpy_only) -> None:
+    use_numpy, use_native = numpy_only
+    rng = np.random.default_rng(n)
+    checked = 0
+    for kind, row in _rows(rng, n):
+        top = int(np.argmax(row))
+        for params in SETTINGS:
+            for banned in ((), (top,), (3, int(np.argsort(row)[-2]))):
+                p = replace(params, banned=banned)
+                use_native()
+                a = distribution(row, p)
+                use_numpy()
+                b = distribution(row, p)
+                assert _same(a, b), (kind, p)
+                noise = Noise(checked)
+                for position in range(3):
+                    use_native()
+                    ta = a.draw(noise, position, 2, 1)
+                    use_numpy()
+                    tb = b.draw(noise, position, 2, 1)
+                    # supports past Noise's plain-Python size may part in the last bit of numpy's log
+                    if a.ids is None or a.ids.shape[0] <= sampling_module._FEW:
+                        assert ta == tb, (kind, p)
+                checked += 1
+    assert checked == 5 * 3 * len(SETTINGS) * 3
+
+
+@needs_native
+def test_the_c_filters_took_the_rows_they_could(numpy_only, monkeypatch) -> None:
+    """The comparison above is not numpy against numpy: the C filter runs for a top-k row."""
+    calls = []
+    lib = native()
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def filter(self, *args):
+            calls.append(args)
+            return lib.filter(*args)
+
+    monkeypatch.setattr(sampling_module, "native", lambda: Counting())
+    row = np.random.default_rng(1).standard_normal(151_936).astype(np.float32)
+    distribution(row, DEFAULT_SAMPLING)
+    assert len(calls) == 1
+
+
+@needs_native
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_nan_or_infinite_row_is_refused_on_both_paths(bad, numpy_only) -> None:
+    use_numpy, use_native = numpy_only
+    row = np.random.default_rng(2).standard_normal(151_936).astype(np.float32)
+    row[77_777] = bad
+    messages = []
+    for use in (use_native, use_numpy):
+        use()
+        with pytest.raises(SamplingError) as e:
+            distribution(row, DEFAULT_SAMPLING)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1]
+    assert "NaN or infinite" in messages[0]
+
+
+@needs_native
+def test_the_c_noise_is_the_plain_python_noise_for_any_support() -> None:
+    """One id's noise does not depend on how many are drawn together (the C library's log in both)."""
+    noise = Noise(11)
+    ids = np.array([0, 3, 255, 256, 70_000, 262_143, *range(1000, 1100)])
+    together = noise.gumbel(5, ids, 1, 2)
+    np.testing.assert_array_equal(together, np.array(noise.gumbel_few(5, ids.tolist(), 1, 2)))
+
+
+@needs_native
+def test_a_seeded_generation_prints_the_same_text_with_either_path(fixture_models, numpy_only) -> None:
+    use_numpy, use_native = numpy_only
+    out = {}
+    with load(fixture_models.target, None, n_ctx=512, n_threads=1) as spec:
+        for name, use in (("native", use_native), ("numpy", use_numpy)):
+            use()
+            out[name] = [spec.generate("Once upon a time", GenerationParams(
+                max_tokens=48, seed=seed, sampling=DEFAULT_SAMPLING, ignore_eos=True)).complete().tokens
+                for seed in range(4)]
+    assert out["native"] == out["numpy"]
+    assert len({tuple(t) for t in out["native"]}) > 1  # the seeds sampled different texts
+
+
+def _reason_in_a_fresh_process(env: dict[str, str]) -> str:
+    code = ("import numpy as np; from specli.native import reason; "
+            "from specli.sampling import distribution, DEFAULT_SAMPLING; "
+            "d = distribution(np.arange(5000, dtype=np.float32) / 100, DEFAULT_SAMPLING); "
+            "print(reason()); print(sorted(d.ids.tolist())[-1])")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_without_a_compiler_sampling_uses_numpy_and_says_why(tmp_path) -> None:
+    out = _reason_in_a_fresh_process({"CC": str(tmp_path / "no-such-cc"),
+                                      "SPECLI_NATIVE_DIR": str(tmp_path / "n")})
+    first, last_id = out.splitlines()
+    assert first.startswith("numpy (no C build:"), first
+    assert last_id == "4999"
+
+
+def test_the_switch_keeps_numpy(tmp_path) -> None:
+    out = _reason_in_a_fresh_process({"SPECLI_NATIVE_SAMPLING": "0",
+                                      "SPECLI_NATIVE_DIR": str(tmp_path / "n")})
+    assert out.splitlines()[0] == "numpy (SPECLI_NATIVE_SAMPLING=0)"
+    assert not (tmp_path / "n").exists()  # nothing was built
+
+
+@needs_native
+def test_the_library_is_built_once_and_reused(tmp_path) -> None:
+    env = {"SPECLI_NATIVE_DIR": str(tmp_path / "n")}
+    first = _reason_in_a_fresh_process(env).splitlines()[0]
+    assert first.startswith("native (") and str(tmp_path / "n") in first
+    built = list((tmp_path / "n").iterdir())
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    # a second process loads it, even with no compiler at hand
+    again = _reason_in_a_fresh_process({**env, "CC": str(tmp_path / "no-such-cc")}).splitlines()[0]
+    assert again == first
+    assert built[0].stat().st_mtime_ns == stamp
+
+
+def test_a_directory_others_can_write_is_refused(tmp_path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    out = _reason_in_a_fresh_process({"SPECLI_NATIVE_DIR": str(shared)})
+    assert out.splitlines()[0].startswith("numpy (no C build:") and "not this user's own" in out
+    assert list(shared.iterdir()) == []
+
+
+@needs_native
+@pytest.mark.parametrize("min_p", [0.05, 0.1, 0.3])
+def test_a_logit_exactly_at_min_ps_floor_survives_on_both_paths(min_p, numpy_only) -> None:
+    """min-p keeps p >= min_p * p_max: a logit at the floor itself (rounded to a float32 once) stays."""
+    use_numpy, use_native = numpy_only
+    rng = np.random.default_rng(3)
+    row = rng.standard_normal(151_936).astype(np.float32)
+    row[[10, 20_000, 150_000]] = [14.0, 13.0, 12.5]
+    at_floor = [7, 99_999, 151_935]
+    row[at_floor] = sampling_module._min_p_floor(float(row.max()), min_p)
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=1.0, min_p=min_p)
+    use_native()
+    a = distribution(row, params)
+    use_numpy()
+    b = distribution(row, params)
+    assert _same(a, b)
+    assert set(at_floor) <= set(a.ids.tolist())
