@@ -33,6 +33,13 @@ COMPILE_SECONDS = 120
 _c_long, _c_double, _c_void_p, _c_uint64 = ctypes.c_long, ctypes.c_double, ctypes.c_void_p, ctypes.c_uint64
 
 
+class FilterSettings(ctypes.Structure):
+    """native_sampling.c's filter_settings: what one sampling setting asks of every row."""
+
+    _fields_ = [("top_k", ctypes.c_int64), ("top_p", _c_double), ("min_p", _c_double),
+                ("inv_t", _c_double), ("n_banned", ctypes.c_int64), ("banned", _c_void_p)]
+
+
 @dataclass(frozen=True)
 class NativeSampling:
     """The compiled functions (their C comments say what each does) and where the library lives.
@@ -84,8 +91,7 @@ def _compile(source_path: Path, target: Path, compiler: list[str]) -> None:
 def _bind(path: Path) -> NativeSampling:
     lib = ctypes.CDLL(str(path))
     f = lib.specli_filter
-    f.argtypes = [_c_void_p, _c_long, _c_long, _c_double, _c_double, _c_double, _c_void_p, _c_long,
-                  _c_void_p]
+    f.argtypes = [_c_void_p, _c_long, _c_void_p, _c_void_p]
     f.restype = _c_long
     base = lib.specli_noise_base
     base.argtypes = [_c_uint64, _c_uint64, _c_uint64, _c_uint64]

@@ -65,19 +65,29 @@ static int by_id(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* qsort, or an insertion sort where there are few (the usual top-k of a few dozen) */
-static void sort(cand *a, long count, int (*cmp)(const void *, const void *)) {
+/* Insertion sorts for the few dozen the filters keep (qsort past 64): the comparison inlined. */
+static void sort_best_first(cand *a, long count) {
     if (count > 64) {
-        qsort(a, (size_t)count, sizeof(cand), cmp);
+        qsort(a, (size_t)count, sizeof(cand), best_first);
         return;
     }
     for (long i = 1; i < count; i++) {
         cand x = a[i];
         long j = i;
-        while (j > 0 && cmp(&a[j - 1], &x) > 0) {
-            a[j] = a[j - 1];
-            j--;
-        }
+        for (; j > 0 && above(x, a[j - 1]); j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
+}
+
+static void sort_by_id(cand *a, long count) {
+    if (count > 64) {
+        qsort(a, (size_t)count, sizeof(cand), by_id);
+        return;
+    }
+    for (long i = 1; i < count; i++) {
+        cand x = a[i];
+        long j = i;
+        for (; j > 0 && x.id < a[j - 1].id; j--) a[j] = a[j - 1];
         a[j] = x;
     }
 }
@@ -214,15 +224,25 @@ static int block_maxima(const float *row, long n, float *bm) {
 #endif
 }
 
-/* Filter one row: top_k in (0, n); top_p 0 when off; min_p 0 when off; banned[n_banned]: ids that
+/* Filter one row with `settings`: top_k in (0, n); top_p 0 when off; min_p 0 when off; inv_t, one over
+   the temperature; banned[n_banned]: ids that
    count as -inf (--ignore-eos; those outside [0, n) are ignored), as in a masked row. out[4 * top_k + 1]: the survivors' ids (int64) by ascending id in out[0, top_k),
    their scores (logit * inv_t) in out[top_k, 2 top_k), the row's maximum in out[4 top_k]; the rest
    is scratch (top_k candidates).
 
    Returns the number of survivors, or -1 where sampling.py must decide (a NaN or infinite logit, for
    its errors; no memory). */
-long specli_filter(const float *row, long n, long top_k, double top_p, double min_p, double inv_t,
-                   const int64_t *banned, long n_banned, double *out) {
+typedef struct {
+    int64_t top_k;
+    double top_p, min_p, inv_t;
+    int64_t n_banned;
+    const int64_t *banned;
+} filter_settings; /* native.FilterSettings: one per sampling setting, so a call passes four arguments */
+
+long specli_filter(const float *row, long n, const filter_settings *settings, double *out) {
+    long top_k = (long)settings->top_k, n_banned = (long)settings->n_banned;
+    double top_p = settings->top_p, min_p = settings->min_p, inv_t = settings->inv_t;
+    const int64_t *banned = settings->banned;
     int64_t *out_ids = (int64_t *)out;
     double *out_scores = out + top_k, *out_m = out + 4 * top_k;
     cand *heap = (cand *)(out + 2 * top_k);
@@ -297,38 +317,55 @@ long specli_filter(const float *row, long n, long top_k, double top_p, double mi
         return -1;
     }
 
-    /* the top k of the blocks that reach it (the set does not depend on the order offered); within a
-       block, four at a time while none reaches it: the k-th largest is at least reach */
-    size = 0;
+    /* The top k of the blocks that reach it (the k-th largest is at least reach: nothing below it
+       ranks). Those at or above it are gathered and sorted where there are few (usually a few more
+       than k), else kept in a heap (the set does not depend on the order offered). Within a block,
+       four at a time while none reaches it. */
     /* Ask for the blocks' memory first, all at once: the row has mostly left the core's cache since
        the pass, and one block at a time each waits a full trip to the shared cache. */
     for (long b = 0; b < n_blocks; b++)
         if (bm[b] >= reach)
             for (int line = 0; line < BLOCK; line += 16) __builtin_prefetch(row + b * BLOCK + line);
-    for (long b = 0; b < n_blocks; b++) {
-        if (bm[b] < reach) continue;
-        long i = b * BLOCK, stop = i + BLOCK < n ? i + BLOCK : n;
-        for (; i < stop; i++) {
+    cand few[256];
+    long n_few = 0;
+    size = 0;
+    for (int pass = 0; pass < 2; pass++) { /* the second only where more than 256 reach */
+        for (long b = 0; b < n_blocks; b++) {
+            if (bm[b] < reach) continue;
+            long i = b * BLOCK, stop = i + BLOCK < n ? i + BLOCK : n;
+            for (; i < stop; i++) {
 #ifdef __SSE2__
-            if ((i & 3) == 0) {
-                __m128 bar = _mm_set1_ps(reach);
-                while (i + 4 <= stop && !_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(row + i), bar)))
-                    i += 4;
-                if (i >= stop) break;
-            }
-#endif
-            if (row[i] >= reach) {
-                cand c = {row[i], i};
-                if (n_banned && is_banned(i, banned, n_banned)) {
-                    c.v = -INFINITY; /* masked, as the numpy path masks the row */
-                    if (reach > -INFINITY) continue;
+                if ((i & 3) == 0) {
+                    __m128 bar = _mm_set1_ps(reach);
+                    while (i + 4 <= stop && !_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(row + i), bar)))
+                        i += 4;
+                    if (i >= stop) break;
                 }
-                offer(heap, top_k, &size, c);
+#endif
+                if (row[i] >= reach) {
+                    cand c = {row[i], i};
+                    if (n_banned && is_banned(i, banned, n_banned)) {
+                        c.v = -INFINITY; /* masked, as the numpy path masks the row */
+                        if (reach > -INFINITY) continue;
+                    }
+                    if (pass == 1)
+                        offer(heap, top_k, &size, c);
+                    else if (n_few < 256)
+                        few[n_few++] = c;
+                    else
+                        n_few++;
+                }
             }
+        }
+        if (pass == 0 && n_few <= 256) {
+            sort_best_first(few, n_few);
+            size = n_few < top_k ? n_few : top_k;
+            for (long j = 0; j < size; j++) heap[j] = few[j];
+            break;
         }
     }
     free(bm);
-    sort(heap, size, best_first);
+    if (n_few > 256) sort_best_first(heap, size);
 
     long cut = size;
     if (top_p > 0.0) {
@@ -356,7 +393,7 @@ long specli_filter(const float *row, long n, long top_k, double top_p, double mi
             heap[kept++] = heap[j];
         }
     }
-    sort(heap, kept, by_id);
+    sort_by_id(heap, kept);
     for (long j = 0; j < kept; j++) {
         out_ids[j] = heap[j].id;
         out_scores[j] = (double)heap[j].v * inv_t;

@@ -24,13 +24,14 @@ Daliri, Musco & Suresh 2024), which is what `--same-as-plain` verifies.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specli.native import NativeSampling, native
+from specli.native import FilterSettings, NativeSampling, native
 from specli.settings import DEFAULTS, SAMPLER_RANGES, SETTINGS, RunSettings, temperature_problem
 
 # Ids are grouped in fixed blocks of this many: a block's maximum logit bounds all of its ids.
@@ -88,8 +89,12 @@ _F64 = np.dtype(np.float64)
 
 
 def _address(a: np.ndarray) -> int:
-    """Where an array's data starts, for native_sampling.c (cheaper than a.ctypes.data)."""
-    return a.__array_interface__["data"][0]
+    """Where a contiguous array's data starts, for native_sampling.c: through a ctypes view of a
+    writable buffer (a quarter of the cost of a.ctypes.data), else the array interface."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.__array_interface__["data"][0]
 
 
 # -- keyed noise ---------------------------------------------------------------------------------------
@@ -509,16 +514,18 @@ class Dist:
     and their `scores`, the tempered logits (log-probabilities up to a constant). Probabilities are
     computed when first asked for."""
 
-    __slots__ = ("ids", "scores", "width", "_probs", "_block_max")
+    __slots__ = ("ids", "scores", "width", "_probs", "_block_max", "_at")
 
     def __init__(
-        self, ids: np.ndarray | None, scores: np.ndarray, width: int, block_max: np.ndarray | None = None
+        self, ids: np.ndarray | None, scores: np.ndarray, width: int, block_max: np.ndarray | None = None,
+        at: tuple[int, int] | None = None,
     ) -> None:
         self.ids = ids
         self.scores = scores
         self.width = width
         self._probs: np.ndarray | None = None
         self._block_max = block_max  # dense only: each block's largest score
+        self._at = at  # where ids (int64) and scores (float64) live, for native_sampling.c
 
     @staticmethod
     def from_probs(ids: np.ndarray | None, probs: np.ndarray, width: int) -> Dist:
@@ -561,11 +568,14 @@ class Dist:
             if self.ids.shape[0] == 1:
                 return int(self.ids[0])  # the argmax over one id, whatever its noise
             lib = native()
-            if lib is not None and self.ids.dtype == _I64 and self.scores.dtype == _F64 \
-                    and self.ids.flags.c_contiguous and self.scores.flags.c_contiguous:
-                base = lib.noise_base(noise._key, position, family * 4, salt)
-                return int(self.ids[lib.keyed_argmax(_address(self.ids), _address(self.scores),
-                                                     self.ids.shape[0], base)])
+            if lib is not None:
+                at = self._at
+                if at is None and self.ids.dtype == _I64 and self.scores.dtype == _F64 \
+                        and self.ids.flags.c_contiguous and self.scores.flags.c_contiguous:
+                    at = self._at = (_address(self.ids), _address(self.scores))
+                if at is not None:
+                    base = lib.noise_base(noise._key, position, family * 4, salt)
+                    return int(self.ids[lib.keyed_argmax(at[0], at[1], self.ids.shape[0], base)])
             if self.ids.shape[0] <= _FEW:
                 ids = self.ids.tolist()
                 noise_of = noise.gumbel_few(position, ids, family, salt)
@@ -809,8 +819,14 @@ def _distribution(
 
 
 @functools.lru_cache(maxsize=16)
-def _banned_array(banned: tuple[int, ...]) -> np.ndarray:
-    return np.array(banned, dtype=np.int64)
+def _filter_settings(params: SamplingParams) -> tuple[FilterSettings, int, np.ndarray | None]:
+    """native_sampling.c's settings for `params`, where they live, and the banned ids they point to
+    (the caller holds the tuple during the call)."""
+    banned = np.array(params.banned, dtype=np.int64) if params.banned else None
+    settings = FilterSettings(params.top_k, params.top_p if params.top_p < 1.0 else 0.0, params.min_p,
+                              1.0 / params.temperature, len(params.banned),
+                              None if banned is None else _address(banned))
+    return settings, ctypes.addressof(settings), banned
 
 
 def _native_distribution(
@@ -821,16 +837,14 @@ def _native_distribution(
     infinite logit: its errors)."""
     k = params.top_k
     out = np.empty(4 * k + 1)  # the survivors' ids and scores, the C side's scratch, the maximum
-    banned = _banned_array(params.banned) if params.banned else None  # held until the call returns
-    inv_t = 1.0 / params.temperature
-    count = lib.filter(_address(row), row.shape[0], k, params.top_p if params.top_p < 1.0 else 0.0,
-                       params.min_p, inv_t, None if banned is None else _address(banned),
-                       len(params.banned), _address(out))
+    out_at = _address(out)
+    settings = _filter_settings(params)
+    count = lib.filter(_address(row), row.shape[0], settings[1], out_at)
     if count < 1:
         return None
-    if not math.isfinite(inv_t * max(1.0, abs(float(out[4 * k])))):
+    if not math.isfinite(settings[0].inv_t * max(1.0, abs(float(out[4 * k])))):
         raise SamplingError(f"temperature {params.temperature:g} is too small to divide logits by")
-    return Dist(out[:count].view(np.int64), out[k : k + count], out_width)
+    return Dist(out[:count].view(np.int64), out[k : k + count], out_width, at=(out_at, out_at + 8 * k))
 
 
 def proposal_acceptance(p: Dist, token: int, q: Dist | None) -> float:
