@@ -97,7 +97,7 @@ def _bind(path: Path) -> NativeSampling:
     base.argtypes = [_c_uint64, _c_uint64, _c_uint64, _c_uint64]
     base.restype = _c_uint64
     argmax = lib.specli_keyed_argmax
-    argmax.argtypes = [_c_void_p, _c_void_p, _c_long, _c_uint64]
+    argmax.argtypes = [_c_void_p, _c_void_p, _c_long, _c_uint64, _c_uint64, _c_uint64, _c_uint64]
     argmax.restype = _c_long
     gumbel = lib.specli_keyed_gumbel
     gumbel.argtypes = [_c_void_p, _c_long, _c_uint64, _c_void_p]

@@ -438,9 +438,11 @@ void specli_keyed_gumbel(const int64_t *ids, long n, uint64_t base, double *out)
     for (long j = 0; j < n; j++) out[j] = keyed_gumbel(ids[j], base);
 }
 
-/* argmax over the support of score + its noise; the first of equal values wins, as
-   list.index(max(...)) and numpy's argmax. */
-long specli_keyed_argmax(const int64_t *ids, const double *scores, long n, uint64_t base) {
+/* argmax over the support of score + its noise at (position, stream, salt); the first of equal values
+   wins, as list.index(max(...)) and numpy's argmax. */
+long specli_keyed_argmax(const int64_t *ids, const double *scores, long n, uint64_t key, uint64_t position,
+                         uint64_t stream, uint64_t salt) {
+    uint64_t base = specli_noise_base(key, position, stream, salt);
     long best = 0;
     double best_value = -INFINITY;
     for (long j = 0; j < n; j++) {

@@ -574,8 +574,8 @@ class Dist:
                         and self.ids.flags.c_contiguous and self.scores.flags.c_contiguous:
                     at = self._at = (_address(self.ids), _address(self.scores))
                 if at is not None:
-                    base = lib.noise_base(noise._key, position, family * 4, salt)
-                    return int(self.ids[lib.keyed_argmax(at[0], at[1], self.ids.shape[0], base)])
+                    return int(self.ids[lib.keyed_argmax(at[0], at[1], self.ids.shape[0], noise._key,
+                                                         position, family * 4, salt)])
             if self.ids.shape[0] <= _FEW:
                 ids = self.ids.tolist()
                 noise_of = noise.gumbel_few(position, ids, family, salt)
@@ -818,10 +818,24 @@ def _distribution(
     return Dist(keep, np.multiply(logits_kept, inv_t, dtype=np.float64), out_width)
 
 
-@functools.lru_cache(maxsize=16)
 def _filter_settings(params: SamplingParams) -> tuple[FilterSettings, int, np.ndarray | None]:
     """native_sampling.c's settings for `params`, where they live, and the banned ids they point to
-    (the caller holds the tuple during the call)."""
+    (the caller holds the tuple during the call). A generation passes one SamplingParams object for
+    every row: it is recognised by identity first (hashing the dataclass costs ~1 µs)."""
+    global _last_settings
+    last = _last_settings  # one tuple, swapped whole: a thread never reads half of another's pair
+    if last[0] is params:
+        return last[1]
+    made = _settings_for(params)
+    _last_settings = (params, made)
+    return made
+
+
+_last_settings: tuple = (None, None)
+
+
+@functools.lru_cache(maxsize=16)
+def _settings_for(params: SamplingParams) -> tuple[FilterSettings, int, np.ndarray | None]:
     banned = np.array(params.banned, dtype=np.int64) if params.banned else None
     settings = FilterSettings(params.top_k, params.top_p if params.top_p < 1.0 else 0.0, params.min_p,
                               1.0 / params.temperature, len(params.banned),
