@@ -17,6 +17,7 @@ from specli.costs import CostModel
 from specli.drafters.base import Draft, Drafter
 from specli.events import DoneEvent, Event, Origin, PromptEvent, RejectedEvent, RoundEvent, TokenEvent
 from specli.llama import GraphFilters, Model, check_prompt_fits
+from specli.native import native
 from specli.policy import Learned, regime
 from specli.proposer import Proposer, RoundResult, make_proposer
 from specli.sampling import Noise, Sampler, SamplingParams
@@ -151,6 +152,9 @@ class SpeculativeEngine:
         # What decodes cost on this machine and what auto learned of the pair: kept across generations.
         self.costs = CostModel.for_device(target.offloaded)
         self.learned = Learned()
+        # The host filters are compiled on a machine's first use: with the models' loading, not
+        # inside a generation's first token (and its rate).
+        native()
 
     def generate(self, prompt: Sequence[int], params: GenerationParams) -> Generation:
         """A generation that continues `prompt` (token ids, BOS included), as an iterable of events.
