@@ -151,7 +151,11 @@ def native() -> NativeSampling | None:
             _check_private(directory)
             if not path.is_file():
                 _compile(SOURCE, path, compiler)
-            bound = _bind(path)
+            try:
+                bound = _bind(path)
+            except (OSError, AttributeError):  # a damaged file (a full disk, a killed build): again
+                _compile(SOURCE, path, compiler)
+                bound = _bind(path)
         except (OSError, subprocess.SubprocessError, AttributeError) as e:
             problem = str(e) or type(e).__name__
             continue

@@ -221,3 +221,14 @@ def test_a_logit_exactly_at_min_ps_floor_survives_on_both_paths(min_p, numpy_onl
     b = distribution(row, params)
     assert _same(a, b)
     assert set(at_floor) <= set(a.ids.tolist())
+
+
+@needs_native
+def test_a_damaged_library_is_built_again(tmp_path) -> None:
+    env = {"SPECLI_NATIVE_DIR": str(tmp_path / "n")}
+    first = _reason_in_a_fresh_process(env).splitlines()[0]
+    built = next((tmp_path / "n").iterdir())
+    built.write_bytes(b"not a library")
+    again = _reason_in_a_fresh_process(env).splitlines()[0]
+    assert again == first
+    assert built.read_bytes()[:4] == b"\x7fELF" or sys.platform == "darwin"
