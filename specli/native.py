@@ -47,7 +47,6 @@ class NativeSampling:
     numpy's are faster."""
 
     filter: ctypes._CFuncPtr | None
-    noise_base: ctypes._CFuncPtr
     keyed_argmax: ctypes._CFuncPtr
     keyed_gumbel: ctypes._CFuncPtr
     path: Path
@@ -93,9 +92,6 @@ def _bind(path: Path) -> NativeSampling:
     f = lib.specli_filter
     f.argtypes = [_c_void_p, _c_long, _c_void_p, _c_void_p]
     f.restype = _c_long
-    base = lib.specli_noise_base
-    base.argtypes = [_c_uint64, _c_uint64, _c_uint64, _c_uint64]
-    base.restype = _c_uint64
     argmax = lib.specli_keyed_argmax
     argmax.argtypes = [_c_void_p, _c_void_p, _c_long, _c_uint64, _c_uint64, _c_uint64, _c_uint64]
     argmax.restype = _c_long
@@ -103,7 +99,7 @@ def _bind(path: Path) -> NativeSampling:
     gumbel.argtypes = [_c_void_p, _c_long, _c_uint64, _c_void_p]
     gumbel.restype = None
     lib.specli_filter_vectorized.restype = ctypes.c_int
-    return NativeSampling(f if lib.specli_filter_vectorized() else None, base, argmax, gumbel, path)
+    return NativeSampling(f if lib.specli_filter_vectorized() else None, argmax, gumbel, path)
 
 
 def _directories() -> list[Path]:

@@ -1,10 +1,12 @@
 /* specli's filters and keyed draw for one logits row, in C (issue #51).
 
-   The same arithmetic as sampling.py's numpy path, step for step, so that either gives the same
-   support, the same scores and the same token: specli/native.py compiles this file with the machine's
-   C compiler on first use (-ffp-contract=off: no fused multiply-adds), and sampling.py falls back to
-   numpy where it cannot. numpy pays ~1 us a call on caches a decode has just evicted and a filtered
-   row needs some thirty; here the whole filter is one call of a few microseconds.
+   Another search than sampling.py's numpy path (64-id blocks here, strided groups there), the same
+   arithmetic where it decides (the top-k order, top-p's float64 sums in best-first order, min-p's
+   float32 floor, the keyed noise with the C library's log), so that either gives the same support,
+   the same scores and the same token (tests/test_native_sampling.py). specli/native.py compiles this
+   file with the machine's C compiler on first use (-ffp-contract=off: no fused multiply-adds), and
+   sampling.py falls back to numpy where it cannot. numpy pays ~1 us a call on caches a decode has
+   just evicted and a filtered row needs some thirty; here the filter is one call.
 
    Order, as llama.cpp's default chain: top-k, then top-p over the top k's mass, then min-p. */
 
@@ -186,7 +188,8 @@ __attribute__((target("avx2"))) static float kth_largest_avx2(const float *v, lo
     for (long i = 0; i < count; i++) {
         if ((i & 7) == 0) { /* eight at a time while none beats the k-th */
             __m256 bar = _mm256_set1_ps(reach);
-            while (i + 8 <= count && !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), bar, _CMP_GT_OQ)))
+            while (i + 8 <= count &&
+                   !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), bar, _CMP_GT_OQ)))
                 i += 8;
             if (i >= count) break;
         }
@@ -225,10 +228,10 @@ static int block_maxima(const float *row, long n, float *bm) {
 }
 
 /* Filter one row with `settings`: top_k in (0, n); top_p 0 when off; min_p 0 when off; inv_t, one over
-   the temperature; banned[n_banned]: ids that
-   count as -inf (--ignore-eos; those outside [0, n) are ignored), as in a masked row. out[4 * top_k + 1]: the survivors' ids (int64) by ascending id in out[0, top_k),
-   their scores (logit * inv_t) in out[top_k, 2 top_k), the row's maximum in out[4 top_k]; the rest
-   is scratch (top_k candidates).
+   the temperature; banned[n_banned]: ids that count as -inf (--ignore-eos; those outside [0, n) are
+   ignored), as in a masked row. out[4 * top_k + 1]: the survivors' ids (int64) by ascending id in
+   out[0, top_k), their scores (logit * inv_t) in out[top_k, 2 top_k), the row's maximum in
+   out[4 top_k]; the rest is scratch (top_k candidates).
 
    Returns the number of survivors, or -1 where sampling.py must decide (a NaN or infinite logit, for
    its errors; no memory). */
@@ -421,7 +424,7 @@ static inline uint64_t mix(uint64_t x) {
 }
 
 /* Noise._base: the key of one (position, stream, salt) */
-uint64_t specli_noise_base(uint64_t key, uint64_t position, uint64_t stream, uint64_t salt) {
+static uint64_t noise_base(uint64_t key, uint64_t position, uint64_t stream, uint64_t salt) {
     uint64_t h = mix(key ^ (position * GOLDEN));
     h = mix(h ^ ((stream << 48) + 1));
     return mix(h ^ (salt * 0xD6E8FEB86659FD93ULL));
@@ -442,7 +445,7 @@ void specli_keyed_gumbel(const int64_t *ids, long n, uint64_t base, double *out)
    wins, as list.index(max(...)) and numpy's argmax. */
 long specli_keyed_argmax(const int64_t *ids, const double *scores, long n, uint64_t key, uint64_t position,
                          uint64_t stream, uint64_t salt) {
-    uint64_t base = specli_noise_base(key, position, stream, salt);
+    uint64_t base = noise_base(key, position, stream, salt);
     long best = 0;
     double best_value = -INFINITY;
     for (long j = 0; j < n; j++) {
