@@ -69,18 +69,27 @@ def _library_name(source: bytes) -> str:
     return f"specli-sampling-{key.hexdigest()[:16]}{suffix}"
 
 
+class CompilerFailed(Exception):
+    """The compiler is missing, failed or took too long: another directory would not help."""
+
+
 def _compile(source_path: Path, target: Path, compiler: list[str]) -> None:
     """Build into a temporary file beside `target`, then rename: a concurrent process never loads half
     a library."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([*compiler, *FLAGS, "-o", tmp, str(source_path), "-lm"],
-                              capture_output=True, text=True, timeout=COMPILE_SECONDS,
-                              stdin=subprocess.DEVNULL)
+        try:
+            done = subprocess.run([*compiler, *FLAGS, "-o", tmp, str(source_path), "-lm"],
+                                  capture_output=True, text=True, timeout=COMPILE_SECONDS,
+                                  stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise CompilerFailed(f"no C compiler ({compiler[0]} not found; $CC names one)") from None
+        except (OSError, subprocess.SubprocessError) as e:
+            raise CompilerFailed(f"{compiler[0]}: {e}") from None
         if done.returncode != 0:
             first = (done.stderr or done.stdout).strip().splitlines()[:1]
-            raise OSError(f"{compiler[0]} failed: {first[0] if first else f'exit {done.returncode}'}")
+            raise CompilerFailed(f"{compiler[0]} failed: {first[0] if first else f'exit {done.returncode}'}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -152,7 +161,10 @@ def native() -> NativeSampling | None:
             except (OSError, AttributeError):  # a damaged file (a full disk, a killed build): again
                 _compile(SOURCE, path, compiler)
                 bound = _bind(path)
-        except (OSError, subprocess.SubprocessError, AttributeError) as e:
+        except CompilerFailed as e:
+            problem = str(e)
+            break
+        except (OSError, AttributeError) as e:  # this directory: the next may do
             problem = str(e) or type(e).__name__
             continue
         _reason = f"native ({path})"
