@@ -17,7 +17,13 @@ from specli import sampling as sampling_module
 from specli.native import native, reason
 from specli.sampling import DEFAULT_SAMPLING, Noise, SamplingError, SamplingParams, distribution
 
-needs_native = pytest.mark.skipif(native() is None, reason=f"no C build here: {reason()}")
+
+@pytest.fixture
+def needs_native() -> None:
+    """Skip where the C file cannot be built here (asked at run time, not at import: the session's
+    SPECLI_NATIVE_DIR is set by then, so nothing is built in the user's cache)."""
+    if native() is None:
+        pytest.skip(f"no C build here: {reason()}")
 
 
 @pytest.fixture
@@ -67,7 +73,7 @@ def _same(a, b) -> bool:
     return np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores)
 
 
-@needs_native
+@pytest.mark.usefixtures("needs_native")
 @pytest.mark.parametrize("n", [700, 5_000, 151_936, 262_144])
 def test_the_c_filters_give_numpys_support_scores_and_token(n, numpy_only) -> None:
     use_numpy, use_native = numpy_only
@@ -96,7 +102,7 @@ def test_the_c_filters_give_numpys_support_scores_and_token(n, numpy_only) -> No
     assert checked == 5 * 3 * len(SETTINGS) * 3
 
 
-@needs_native
+@pytest.mark.usefixtures("needs_native")
 def test_the_c_filters_took_the_rows_they_could(numpy_only, monkeypatch) -> None:
     """The comparison above is not numpy against numpy: the C filter runs for a top-k row."""
     calls = []
@@ -116,7 +122,7 @@ def test_the_c_filters_took_the_rows_they_could(numpy_only, monkeypatch) -> None
     assert len(calls) == 1
 
 
-@needs_native
+@pytest.mark.usefixtures("needs_native")
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_a_nan_or_infinite_row_is_refused_on_both_paths(bad, numpy_only) -> None:
     use_numpy, use_native = numpy_only
@@ -132,7 +138,7 @@ def test_a_nan_or_infinite_row_is_refused_on_both_paths(bad, numpy_only) -> None
     assert "NaN or infinite" in messages[0]
 
 
-@needs_native
+@pytest.mark.usefixtures("needs_native")
 def test_the_c_noise_is_the_plain_python_noise_for_any_support() -> None:
     """One id's noise does not depend on how many are drawn together (the C library's log in both)."""
     noise = Noise(11)
@@ -141,7 +147,7 @@ def test_the_c_noise_is_the_plain_python_noise_for_any_support() -> None:
     np.testing.assert_array_equal(together, np.array(noise.gumbel_few(5, ids.tolist(), 1, 2)))
 
 
-@needs_native
+@pytest.mark.usefixtures("needs_native")
 def test_a_seeded_generation_prints_the_same_text_with_either_path(fixture_models, numpy_only) -> None:
     use_numpy, use_native = numpy_only
     out = {}
@@ -181,7 +187,7 @@ def test_the_switch_keeps_numpy(tmp_path) -> None:
     assert not (tmp_path / "n").exists()  # nothing was built
 
 
-@needs_native
+@pytest.mark.usefixtures("needs_native")
 def test_the_library_is_built_once_and_reused(tmp_path) -> None:
     env = {"SPECLI_NATIVE_DIR": str(tmp_path / "n")}
     first = _reason_in_a_fresh_process(env).splitlines()[0]
@@ -204,7 +210,7 @@ def test_a_directory_others_can_write_is_refused(tmp_path) -> None:
     assert list(shared.iterdir()) == []
 
 
-@needs_native
+@pytest.mark.usefixtures("needs_native")
 @pytest.mark.parametrize("min_p", [0.05, 0.1, 0.3])
 def test_a_logit_exactly_at_min_ps_floor_survives_on_both_paths(min_p, numpy_only) -> None:
     """min-p keeps p >= min_p * p_max: a logit at the floor itself (rounded to a float32 once) stays."""
@@ -223,7 +229,7 @@ def test_a_logit_exactly_at_min_ps_floor_survives_on_both_paths(min_p, numpy_onl
     assert set(at_floor) <= set(a.ids.tolist())
 
 
-@needs_native
+@pytest.mark.usefixtures("needs_native")
 def test_a_damaged_library_is_built_again(tmp_path) -> None:
     env = {"SPECLI_NATIVE_DIR": str(tmp_path / "n")}
     first = _reason_in_a_fresh_process(env).splitlines()[0]
