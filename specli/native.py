@@ -96,6 +96,17 @@ def _compile(source_path: Path, target: Path, compiler: list[str]) -> None:
             os.unlink(tmp)
 
 
+def _forget_others(kept: Path) -> None:
+    """Remove the builds of earlier versions of the C file beside `kept` (a process still running one
+    keeps its mapping)."""
+    for other in kept.parent.glob("specli-sampling-*"):
+        if other != kept and not other.name.startswith("."):
+            try:
+                other.unlink()
+            except OSError:
+                pass
+
+
 def _bind(path: Path) -> NativeSampling:
     lib = ctypes.CDLL(str(path))
     f = lib.specli_filter
@@ -156,6 +167,7 @@ def native() -> NativeSampling | None:
             _check_private(directory)
             if not path.is_file():
                 _compile(SOURCE, path, compiler)
+                _forget_others(path)
             try:
                 bound = _bind(path)
             except (OSError, AttributeError):  # a damaged file (a full disk, a killed build): again

@@ -230,6 +230,16 @@ def test_a_logit_exactly_at_min_ps_floor_survives_on_both_paths(min_p, numpy_onl
 
 
 @pytest.mark.usefixtures("needs_native")
+def test_a_new_build_removes_the_builds_of_earlier_versions(tmp_path) -> None:
+    (tmp_path / "n").mkdir(mode=0o700)
+    old = tmp_path / "n" / "specli-sampling-0000000000000000.so"
+    old.write_bytes(b"an earlier version's build")
+    first = _reason_in_a_fresh_process({"SPECLI_NATIVE_DIR": str(tmp_path / "n")}).splitlines()[0]
+    assert first.startswith("native (")
+    assert not old.exists() and len(list((tmp_path / "n").iterdir())) == 1
+
+
+@pytest.mark.usefixtures("needs_native")
 def test_a_damaged_library_is_built_again(tmp_path) -> None:
     env = {"SPECLI_NATIVE_DIR": str(tmp_path / "n")}
     first = _reason_in_a_fresh_process(env).splitlines()[0]
