@@ -41,10 +41,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import find_tool, no_repack_flags, stop_process, tools_dir, wait_healthy  # noqa: E402
 from compare_llamacpp import PLAIN_PROMPT, PROMPTS, ToolError, llama_bench_tg, run_tool  # noqa: E402
+from host_filters import use_numpy  # noqa: E402
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
-from specli import sampling as sampling_module  # noqa: E402
-from specli.native import native  # noqa: E402
 from specli.sampling import DEFAULT_SAMPLING  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -132,12 +131,11 @@ def plain(model: Path, args: argparse.Namespace) -> list[Cell]:
             spec.engine.reset()
             params = GenerationParams(max_tokens=args.n, sampling=sampling, seed=seed, ignore_eos=True,
                                       draft_max=0, **where(args))
-            if numpy_filters:  # what a machine without a C compiler runs (specli/native.py)
-                sampling_module.native = lambda: None
+            use_numpy(numpy_filters)  # what a machine without a C compiler runs (specli/native.py)
             try:
                 return spec.generate(prompt, params).complete().stats.tokens_per_second or 0.0
             finally:
-                sampling_module.native = native
+                use_numpy(False)
 
         runs = {
             "llama-bench": lambda rep: llama_bench_tg(bench, model, args.n, args.threads) if bench else None,

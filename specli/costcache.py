@@ -29,7 +29,7 @@ from pathlib import Path
 
 from specli.costs import STARVED, CostModel
 from specli.drafters.base import Drafter
-from specli.fileio import cache_base
+from specli.fileio import cache_base, switched_off
 from specli.host import cpuinfo
 from specli.llama import Model, repacks
 from specli.policy import Learned
@@ -40,7 +40,7 @@ FORMAT = 2  # 2: verify samples are (seconds, position) pairs
 
 def cache_directory() -> Path | None:
     """Where cost files live, or None when SPECLI_COST_CACHE=0 turns them off."""
-    if os.environ.get("SPECLI_COST_CACHE", "").strip().lower() in ("0", "off", "no", "false"):
+    if switched_off("SPECLI_COST_CACHE"):
         return None
     return cache_base() / "costs"
 

@@ -106,6 +106,11 @@ def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
     return p
 
 
+def switched_off(variable: str) -> bool:
+    """Whether the environment variable turns something off (0, off, no, false; any case)."""
+    return os.environ.get(variable, "").strip().lower() in ("0", "off", "no", "false")
+
+
 def cache_base() -> Path:
     """specli's cache directory: $SPECLI_CACHE_DIR, else $XDG_CACHE_HOME/specli or ~/.cache/specli."""
     base = os.environ.get("SPECLI_CACHE_DIR") or os.path.join(

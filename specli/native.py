@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specli.fileio import cache_base
+from specli.fileio import cache_base, switched_off
 
 SOURCE = Path(__file__).with_name("native_sampling.c")
 # No fused multiply-adds and no fast-math: every operation rounds as Python's and numpy's do.
@@ -50,10 +50,6 @@ class NativeSampling:
     keyed_argmax: ctypes._CFuncPtr
     keyed_gumbel: ctypes._CFuncPtr
     path: Path
-
-
-def _disabled() -> bool:
-    return os.environ.get("SPECLI_NATIVE_SAMPLING", "").strip().lower() in ("0", "off", "no", "false")
 
 
 def _compiler() -> list[str]:
@@ -150,7 +146,7 @@ _reason = "not loaded yet"
 def native() -> NativeSampling | None:
     """The compiled functions, built on first use, or None (then `reason()` says why)."""
     global _reason
-    if _disabled():
+    if switched_off("SPECLI_NATIVE_SAMPLING"):
         _reason = "numpy (SPECLI_NATIVE_SAMPLING=0)"
         return None
     try:

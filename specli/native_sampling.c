@@ -67,29 +67,17 @@ static int by_id(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Insertion sorts for the few dozen the filters keep (qsort past 64): the comparison inlined. */
-static void sort_best_first(cand *a, long count) {
+/* Sort best first, or by ascending id: an insertion sort for the few dozen the filters keep, with the
+   comparison inlined (each call site passes a constant), qsort past 64. */
+static inline void sort_cands(cand *a, long count, int by_ascending_id) {
     if (count > 64) {
-        qsort(a, (size_t)count, sizeof(cand), best_first);
+        qsort(a, (size_t)count, sizeof(cand), by_ascending_id ? by_id : best_first);
         return;
     }
     for (long i = 1; i < count; i++) {
         cand x = a[i];
         long j = i;
-        for (; j > 0 && above(x, a[j - 1]); j--) a[j] = a[j - 1];
-        a[j] = x;
-    }
-}
-
-static void sort_by_id(cand *a, long count) {
-    if (count > 64) {
-        qsort(a, (size_t)count, sizeof(cand), by_id);
-        return;
-    }
-    for (long i = 1; i < count; i++) {
-        cand x = a[i];
-        long j = i;
-        for (; j > 0 && x.id < a[j - 1].id; j--) a[j] = a[j - 1];
+        for (; j > 0 && (by_ascending_id ? x.id < a[j - 1].id : above(x, a[j - 1])); j--) a[j] = a[j - 1];
         a[j] = x;
     }
 }
@@ -257,10 +245,10 @@ long specli_filter(const float *row, long n, const filter_settings *settings, do
     for (long j = 0; j < n_banned; j++) {
         if (banned[j] < 0 || banned[j] >= n) continue;
         long b = banned[j] / BLOCK, stop = (b + 1) * BLOCK < n ? (b + 1) * BLOCK : n;
-        float m = -INFINITY;
+        float others = -INFINITY;
         for (long i = b * BLOCK; i < stop; i++)
-            if (row[i] > m && !is_banned(i, banned, n_banned)) m = row[i];
-        bm[b] = m;
+            if (row[i] > others && !is_banned(i, banned, n_banned)) others = row[i];
+        bm[b] = others;
     }
 
     /* The maximum, and the top_k-th largest block maximum ("reach"): every top-k id lies in a block
@@ -361,14 +349,14 @@ long specli_filter(const float *row, long n, const filter_settings *settings, do
             }
         }
         if (pass == 0 && n_few <= 256) {
-            sort_best_first(few, n_few);
+            sort_cands(few, n_few, 0);
             size = n_few < top_k ? n_few : top_k;
             for (long j = 0; j < size; j++) heap[j] = few[j];
             break;
         }
     }
     free(bm);
-    if (n_few > 256) sort_best_first(heap, size);
+    if (n_few > 256) sort_cands(heap, size, 0);
 
     long cut = size;
     if (top_p > 0.0) {
@@ -396,7 +384,7 @@ long specli_filter(const float *row, long n, const filter_settings *settings, do
             heap[kept++] = heap[j];
         }
     }
-    sort_by_id(heap, kept);
+    sort_cands(heap, kept, 1);
     for (long j = 0; j < kept; j++) {
         out_ids[j] = heap[j].id;
         out_scores[j] = (double)heap[j].v * inv_t;
