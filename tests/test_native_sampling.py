@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -102,40 +103,77 @@ def test_the_c_filters_give_numpys_support_scores_and_token(n, numpy_only) -> No
     assert checked == 5 * 3 * len(SETTINGS) * 3
 
 
+WHOLE_ROW = [SamplingParams(temperature=t) for t in (0.5, 1.0, 1.7)]  # no filter: Dist over every id
+
+
+@pytest.mark.usefixtures("needs_native")
+@pytest.mark.parametrize("n", [700, 5_000, 151_936, 262_144])
+def test_the_whole_row_draw_in_c_gives_numpys_token(n, numpy_only) -> None:
+    """No filter: the same scores and blocks' maxima as numpy's, and the same keyed token at every
+    position, purpose and salt (the C draw evaluates the few ids whose bound reaches the best value
+    found so far, numpy every id of every block whose bound reaches the top-scoring id's value)."""
+    use_numpy, use_native = numpy_only
+    rng = np.random.default_rng(n + 1)
+    draws = 0
+    for kind, row in _rows(rng, n):
+        for params in WHOLE_ROW:
+            use_native()
+            a = distribution(row, params)
+            use_numpy()
+            b = distribution(row, params)
+            assert np.array_equal(a.scores, b.scores), (kind, params)
+            np.testing.assert_array_equal(a._block_max, sampling_module._block_max(b.scores))
+            for position in range(12):
+                noise = Noise(draws)
+                use_native()
+                ta = a.draw(noise, position, position % 4, position % 3)
+                use_numpy()
+                tb = b.draw(noise, position, position % 4, position % 3)
+                assert ta == tb, (kind, params, position)
+                draws += 1
+    assert draws == 5 * 3 * len(WHOLE_ROW) * 12
+
+
 @pytest.mark.usefixtures("needs_native")
 def test_the_c_filters_took_the_rows_they_could(numpy_only, monkeypatch) -> None:
-    """The comparison above is not numpy against numpy: the C filter runs for a top-k row."""
-    calls = []
+    """The comparisons above are not numpy against numpy: the C filter runs for a top-k row, the
+    whole-row scores and draw for a row with no filter."""
+    calls = Counter()
     lib = native()
 
     class Counting:
         def __getattr__(self, name):
-            return getattr(lib, name)
+            def counted(*args):
+                calls[name] += 1
+                return getattr(lib, name)(*args)
 
-        def filter(self, *args):
-            calls.append(args)
-            return lib.filter(*args)
+            return counted if name in ("filter", "dense_scores", "dense_draw") else getattr(lib, name)
 
     monkeypatch.setattr(sampling_module, "native", lambda: Counting())
     row = np.random.default_rng(1).standard_normal(151_936).astype(np.float32)
     distribution(row, DEFAULT_SAMPLING)
-    assert len(calls) == 1
+    distribution(row, WHOLE_ROW[1]).draw(Noise(1), 0)
+    assert calls == {"filter": 1, "dense_scores": 1, "dense_draw": 1}
 
 
 @pytest.mark.usefixtures("needs_native")
-@pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_a_nan_or_infinite_row_is_refused_on_both_paths(bad, numpy_only) -> None:
+@pytest.mark.parametrize("sampling", [DEFAULT_SAMPLING, WHOLE_ROW[1]], ids=["filtered", "whole-row"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, "no mass"])
+def test_a_nan_or_infinite_row_is_refused_on_both_paths(bad, sampling, numpy_only) -> None:
     use_numpy, use_native = numpy_only
     row = np.random.default_rng(2).standard_normal(151_936).astype(np.float32)
-    row[77_777] = bad
+    if bad == "no mass":
+        row[:] = -np.inf
+    else:
+        row[77_777] = bad
     messages = []
     for use in (use_native, use_numpy):
         use()
         with pytest.raises(SamplingError) as e:
-            distribution(row, DEFAULT_SAMPLING)
+            distribution(row, sampling).draw(Noise(3), 0)
         messages.append(str(e.value))
     assert messages[0] == messages[1]
-    assert "NaN or infinite" in messages[0]
+    assert ("no mass" if bad == "no mass" else "NaN or infinite") in messages[0]
 
 
 @pytest.mark.usefixtures("needs_native")
