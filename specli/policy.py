@@ -72,13 +72,15 @@ RECHECK_EVERY = 16  # a hopeless source looks again in one generation of this ma
 # recheck) took 1 / RECHECK_SHARE times what a look costs: a recheck costs at most this share.
 RECHECK_SHARE = 0.01
 # Shadows (looks in plain rounds, which measure the draft) may cost this share of plain decoding's time,
-# and come at least every MAX_SHADOW_GAP rounds.
+# and come at least every MAX_SHADOW_GAP rounds; none where fewer tokens are left than a shadow's gap.
 SHADOW_SHARE = 0.01
 MAX_SHADOW_GAP = 256
 # A source whose catch-up costs more than this share of a plain token per committed position rests once
 # declined (watching it would cost that share whatever the spacing of its looks).
 WATCH_SHARE = 0.02
-QUIET_ROUNDS = 8  # a declined verdict holds this many plain rounds (or to the next shadow) unpriced
+# A declined verdict holds this many plain rounds (or to the next shadow) unpriced after a round that
+# drafted; after n plain rounds, n more.
+QUIET_ROUNDS = 8
 # A catch-up of at least this many positions prices a position of it (a shorter one is mostly the
 # decode's fixed cost, which looks spaced further apart would spread).
 CATCH_UP_SAMPLE = 8
@@ -614,11 +616,21 @@ class AutoK(DraftPolicy):
                 self.learned.resting.pop(source, None)
                 self._plan = "declined"
                 gap = self._shadow_gap(source, inputs)
+                if not woken and self.left is not None and self.left < gap:
+                    # A shadow is bought for the gap's tokens (SHADOW_SHARE of their time); fewer are
+                    # left to watch, so none is due before the output ends. Priced again where the
+                    # output's end prices the tokens left (END_SHARE).
+                    end = len(inputs.verify)
+                    self._quiet = (source, self.plain_rounds + (self.left - end if self.left > end
+                                                                else QUIET_ROUNDS))
+                    return self._plain(look=False)
                 wait = 0 if woken else max(0, gap - self._unread[source])
                 # Nothing that could change this verdict is learned before the next shadow but the
                 # reference rate, which follows the text within ~10 rounds: the rounds up to the next
-                # shadow (at most QUIET_ROUNDS) are plain without pricing it again.
-                self._quiet = (source, self.plain_rounds + min(wait or gap, QUIET_ROUNDS))
+                # shadow are plain without pricing it again, QUIET_ROUNDS of them after a round that
+                # drafted and as many as have been plain since then after that (its rate has settled).
+                hold = max(QUIET_ROUNDS, self.plain_rounds)
+                self._quiet = (source, self.plain_rounds + min(wait or gap, hold))
                 return self._plain(look=wait == 0)
         self.learned.hopeless.pop(source, None)
         self.learned.resting.pop(source, None)

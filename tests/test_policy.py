@@ -9,7 +9,17 @@ import pytest
 from sampling_reference import acceptance_probability
 
 from specli.costs import SETTLED_SAMPLES, CostModel
-from specli.policy import CARRIED_WEIGHT, AutoK, Calibration, Decision, Learned, RoundReport, regime
+from specli.policy import (
+    CARRIED_WEIGHT,
+    HORIZON,
+    QUIET_ROUNDS,
+    AutoK,
+    Calibration,
+    Decision,
+    Learned,
+    RoundReport,
+    regime,
+)
 from specli.sampling import SamplingParams
 
 # A 2-core CPU's verify staircase (ms, from `specli bench` on the demo target): m = 2 costs 1.7x m = 1,
@@ -450,6 +460,85 @@ def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
                 policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
     assert 2 <= looks["slow"] <= 4 and drafted["slow"] == 0, looks
     assert drafted["free"] == 100
+
+
+def test_no_shadow_watches_fewer_tokens_than_its_gap() -> None:
+    """A shadow is bought for the gap's tokens (SHADOW_SHARE of their time): with fewer left before the
+    output ends (the generation's max_tokens), none is due; with as many or more, they come as before.
+    (A random DFlash head of the 152k bench target shadowed at round 217-244 of a 256-token generation,
+    ~1 % of it, for the 12-39 tokens left.)"""
+    costs = _costs(CPU_STAIRCASE)
+    for _ in range(1 + SETTLED_SAMPLES):
+        costs.observe_draft("slow", 1, 0.010)  # a third of a target token: a shadow every ~33 rounds
+
+    def looks_at(total: int | None) -> list[int]:
+        policy = AutoK(costs)
+        cal = policy.learned.calibration.setdefault("slow", Calibration())
+        for _ in range(30):
+            cal.observe(0.99, 1.0)
+            cal.observe(0.3, 0.0)
+            cal.observe_first(0.3)
+        rounds = []
+        for i in range(100):
+            decision = policy.decide("slow", 8, left=None if total is None else total - i)
+            assert decision.k == 0
+            if decision.look:
+                rounds.append(i)
+                policy.observe(RoundReport("slow", 0, 0, 0.010, 0.0308, 1, first_confidence=0.3,
+                                           held=(0.3, 0.0)))
+            else:
+                policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
+        return rounds
+
+    unbounded = looks_at(None)
+    gap = unbounded[-1] - unbounded[-2]
+    assert 25 <= gap <= 40 and len(unbounded) >= 3, unbounded
+    ending = looks_at(100)
+    assert ending == [i for i in unbounded if 100 - i >= gap], (ending, unbounded)
+    assert ending != unbounded  # the last one was left out
+    assert looks_at(1000) == unbounded
+
+
+def test_a_declined_verdict_is_priced_again_less_often_as_plain_rounds_go_on() -> None:
+    """Pricing a round takes ~250 us right after a decode here: a declined verdict holds QUIET_ROUNDS
+    plain rounds after a round that drafted, then as many as have been plain since (the reference rate
+    has settled), at most to the next shadow, which prices it again. Near the output's end, where the
+    tokens left are priced as such (END_SHARE), every QUIET_ROUNDS again."""
+    costs = _costs(CPU_STAIRCASE)
+    for _ in range(1 + SETTLED_SAMPLES):
+        costs.observe_draft("slow", 1, 0.020)  # two thirds of a target token: a shadow every ~65 rounds
+
+    def priced_and_looks(total: int | None) -> tuple[list[int], list[int]]:
+        policy = AutoK(costs)
+        cal = policy.learned.calibration.setdefault("slow", Calibration())
+        for _ in range(30):
+            cal.observe(0.99, 1.0)
+            cal.observe(0.3, 0.0)
+            cal.observe_first(0.3)
+        priced, looks, inputs = [], [], policy.inputs
+
+        def counted(source: str):
+            priced.append(i)
+            return inputs(source)
+
+        policy.inputs = counted
+        for i in range(300):
+            decision = policy.decide("slow", 8, left=None if total is None else total - i)
+            assert decision.k == 0
+            if decision.look:
+                looks.append(i)
+                policy.observe(RoundReport("slow", 0, 0, 0.020, 0.0308, 1, first_confidence=0.3,
+                                           held=(0.3, 0.0)))
+            else:
+                policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
+        return priced, looks
+
+    priced, looks = priced_and_looks(None)
+    assert priced[:4] == [0, 8, 16, 32] and len(looks) >= 3, (priced, looks)
+    assert len(priced) <= 2 * len(looks) + 5, (priced, looks)  # a shadow and the round after it
+    priced, looks = priced_and_looks(300)
+    end = [p for p in priced if p >= 300 - HORIZON]
+    assert len(end) >= 3 and all(b - a == QUIET_ROUNDS for a, b in zip(end, end[1:], strict=False)), priced
 
 
 def test_a_look_is_priced_with_the_catch_up_it_costs() -> None:
