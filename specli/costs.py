@@ -446,6 +446,12 @@ class CostModel:
         _observe_warm(self.draft, self._draft_seen, source, seconds, tokens, decay,
                       self._draft_recent.setdefault(source, deque(maxlen=self.window)))
 
+    def warmed(self, source: str) -> None:
+        """`source`'s drafter has run a pass of a draft's shape already (Drafter.warm_up): its first
+        step and look are timed as warm ones."""
+        self._draft_seen.add(source)
+        self._look_seen.add(source)
+
     def observe_look(self, source: str, seconds: float, decay: float = DRAFT_DECAY) -> None:
         _observe_warm(self.look, self._look_seen, source, seconds, 1.0, decay,  # the first: cold, as above
                       self._look_recent.setdefault(source, deque(maxlen=self.window)))

@@ -152,9 +152,12 @@ class SpeculativeEngine:
         # What decodes cost on this machine and what auto learned of the pair: kept across generations.
         self.costs = CostModel.for_device(target.offloaded)
         self.learned = Learned()
-        # The host filters are compiled on a machine's first use: with the models' loading, not
-        # inside a generation's first token (and its rate).
+        # The host filters are compiled on a machine's first use, and a drafter's first pass is dear:
+        # both with the models' loading, not inside a generation (and its rate).
         native()
+        if drafter is not None:
+            for source in drafter.warm_up():
+                self.costs.warmed(source)
 
     def generate(self, prompt: Sequence[int], params: GenerationParams) -> Generation:
         """A generation that continues `prompt` (token ids, BOS included), as an iterable of events.

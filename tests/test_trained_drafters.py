@@ -281,6 +281,33 @@ def test_a_head_that_rested_reads_what_it_missed_as_a_fresh_run_would(q8_set, ki
     assert all(np.array_equal(a, b) for a, b in zip(kept, expected, strict=True))
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_a_block_drafters_warm_up_leaves_no_trace_and_its_first_step_is_timed(q8_set, kind: str,
+                                                                               monkeypatch) -> None:
+    """At load a block drafter runs one pass of a block's shape and drops it (a first pass cost ~1.4x a
+    later one here, and -k auto left the first one out of its costs): the head's distributions for a
+    round are then, bit for bit, those of a head that never ran it, and its first draft step is timed
+    as a warm one."""
+    head = head_file(q8_set, kind)
+
+    def first_round(spec) -> tuple[list[np.ndarray], float | None]:
+        context = spec.tokenize(PROMPT)
+        spec.target.decode(context[:-1], outputs="none")
+        source = spec.drafter.sources[0].name
+        spec.engine.costs.observe_draft(source, 1, 0.25)
+        return next_draft(spec, context), spec.engine.costs.draft_seconds_per_token(source)
+
+    with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as spec:
+        assert spec.drafter.head.n_past == 0  # the pass's block was dropped
+        warmed, timed = first_round(spec)
+    monkeypatch.setattr(type(spec.drafter), "warm_up", lambda self: ())
+    with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as cold:
+        expected, untimed = first_round(cold)
+    assert len(warmed) == len(expected) == 4
+    assert all(np.array_equal(a, b) for a, b in zip(warmed, expected, strict=True))
+    assert timed == 0.25 and untimed is None  # without the warm-up, the first step is left out as cold
+
+
 # -- refusals -----------------------------------------------------------------------------------------
 
 

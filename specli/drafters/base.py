@@ -218,6 +218,12 @@ class Drafter(ABC):
         """--draft-p-min from the next generation on (a server's request sets it per generation);
         a drafter without probabilities (n-gram lookup) has none."""
 
+    def warm_up(self) -> tuple[str, ...]:
+        """Before the first generation, one pass of the shape a draft takes, the drafter's state left
+        as it was (llama.cpp warms its contexts up at load too), where a first pass costs far more
+        than later ones; the sources whose next step is then timed as a warm one."""
+        return ()
+
     @property
     def decode_seconds(self) -> float:
         """Seconds this drafter spent inside llama_decode (0 for drafters without a model)."""
