@@ -99,6 +99,8 @@ class TargetFeatures:
         n_embd = target.n_embd
         self.width = len(self.layers) * n_embd
         self._rows = np.zeros((64, self.width), np.float32)
+        self._rows_at = self._rows.ctypes.data  # where row 0 lives (a plain round's row is copied there)
+        self._layer_bytes = n_embd * 4
         self._base = 0  # position of row 0
         self._upto = 0  # positions [_base, _upto) hold rows recorded after their decode
         self._views: dict[int, tuple[int, np.ndarray]] = {}  # layer -> (buffer address, its rows)
@@ -133,7 +135,19 @@ class TargetFeatures:
         if need > len(self._rows):
             grown = np.zeros((max(need, 2 * len(self._rows)), self.width), np.float32)
             grown[: self._upto - self._base] = self._rows[: self._upto - self._base]
-            self._rows = grown
+            self._rows, self._rows_at = grown, grown.ctypes.data
+        if m == 1:
+            # A plain round's one row, layer by layer straight from llama.cpp's buffers: numpy views
+            # and slices cost ~10 us a layer right after a decode, a ctypes copy ~1.
+            at, size, ctx = self._rows_at + (pos0 - self._base) * self.width * 4, self._layer_bytes, \
+                self.target.context_pointer
+            for k, lid in enumerate(self.layers):
+                address = _get_layer_inp(ctx, lid)
+                if not address:
+                    raise LlamaError(f"{self.target.path.name}: llama.cpp kept no input of layer {lid}")
+                ctypes.memmove(at + k * size, address, size)
+            self._upto = pos0 + 1
+            return
         n_embd = self.target.n_embd
         out = self._rows[pos0 - self._base : need]
         for k, lid in enumerate(self.layers):
