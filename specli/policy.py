@@ -78,14 +78,15 @@ MAX_SHADOW_GAP = 256
 # A source whose catch-up costs more than this share of a plain token per committed position rests once
 # declined (watching it would cost that share whatever the spacing of its looks).
 WATCH_SHARE = 0.02
-# A declined verdict holds this many plain rounds (or to the next shadow) unpriced after a round that
-# drafted; after n plain rounds, n more.
+# A declined verdict holds this many plain rounds (or to the next shadow) unpriced; once the rate has
+# settled (RATE_SETTLED plain rounds), after n plain rounds n more.
 QUIET_ROUNDS = 8
 # A catch-up of at least this many positions prices a position of it (a shorter one is mostly the
 # decode's fixed cost, which looks spaced further apart would spread).
 CATCH_UP_SAMPLE = 8
 RATE_TOKENS = 8.0  # decayed tokens of recent rounds before their rate is the reference
 RATE_DECAY = 0.9  # per round: the reference rate follows the text within ~10 rounds
+RATE_SETTLED = math.ceil(math.log(0.05) / math.log(RATE_DECAY))  # plain rounds: a draft's rounds weigh < 5 %
 # Near the output's end the reference rate is at most this share of the best rate the tokens left can
 # give (all of them drafted in one batch and accepted), so that drafting them can pay.
 END_SHARE = 0.9
@@ -616,10 +617,12 @@ class AutoK(DraftPolicy):
                 self.learned.resting.pop(source, None)
                 self._plan = "declined"
                 gap = self._shadow_gap(source, inputs)
-                if not woken and self.left is not None and self.left < gap:
+                if not woken and not self.tally["drafted"] and self.left is not None and self.left < gap:
                     # A shadow is bought for the gap's tokens (SHADOW_SHARE of their time); fewer are
-                    # left to watch, so none is due before the output ends. Priced again where the
-                    # output's end prices the tokens left (END_SHARE).
+                    # left to watch, and no round of this generation drafted: none is due before the
+                    # output ends (where drafting came back before, one that brings it back again may
+                    # pay many times its cost). Priced again where the output's end prices the tokens
+                    # left (END_SHARE).
                     end = len(inputs.verify)
                     self._quiet = (source, self.plain_rounds + (self.left - end if self.left > end
                                                                 else QUIET_ROUNDS))
@@ -627,9 +630,9 @@ class AutoK(DraftPolicy):
                 wait = 0 if woken else max(0, gap - self._unread[source])
                 # Nothing that could change this verdict is learned before the next shadow but the
                 # reference rate, which follows the text within ~10 rounds: the rounds up to the next
-                # shadow are plain without pricing it again, QUIET_ROUNDS of them after a round that
-                # drafted and as many as have been plain since then after that (its rate has settled).
-                hold = max(QUIET_ROUNDS, self.plain_rounds)
+                # shadow are plain without pricing it again, QUIET_ROUNDS of them while the rounds that
+                # drafted still weigh in the rate, then as many as have been plain.
+                hold = self.plain_rounds if self.plain_rounds >= RATE_SETTLED else QUIET_ROUNDS
                 self._quiet = (source, self.plain_rounds + min(wait or gap, hold))
                 return self._plain(look=wait == 0)
         self.learned.hopeless.pop(source, None)

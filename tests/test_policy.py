@@ -13,6 +13,7 @@ from specli.policy import (
     CARRIED_WEIGHT,
     HORIZON,
     QUIET_ROUNDS,
+    RATE_SETTLED,
     AutoK,
     Calibration,
     Decision,
@@ -464,15 +465,17 @@ def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
 
 def test_no_shadow_watches_fewer_tokens_than_its_gap() -> None:
     """A shadow is bought for the gap's tokens (SHADOW_SHARE of their time): with fewer left before the
-    output ends (the generation's max_tokens), none is due; with as many or more, they come as before.
-    (A random DFlash head of the 152k bench target shadowed at round 217-244 of a 256-token generation,
-    ~1 % of it, for the 12-39 tokens left.)"""
+    output ends (the generation's max_tokens) and no round of the generation drafted, none is due; with
+    as many or more, or where drafting came back earlier (a shadow may bring it back again), they come
+    as before. (A random DFlash head of the 152k bench target shadowed at round 217-244 of a 256-token
+    generation, ~1 % of it, for the 12-39 tokens left.)"""
     costs = _costs(CPU_STAIRCASE)
     for _ in range(1 + SETTLED_SAMPLES):
         costs.observe_draft("slow", 1, 0.010)  # a third of a target token: a shadow every ~33 rounds
 
-    def looks_at(total: int | None) -> list[int]:
+    def looks_at(total: int | None, drafted_before: bool = False) -> list[int]:
         policy = AutoK(costs)
+        policy.tally["drafted"] = int(drafted_before)
         cal = policy.learned.calibration.setdefault("slow", Calibration())
         for _ in range(30):
             cal.observe(0.99, 1.0)
@@ -497,13 +500,14 @@ def test_no_shadow_watches_fewer_tokens_than_its_gap() -> None:
     assert ending == [i for i in unbounded if 100 - i >= gap], (ending, unbounded)
     assert ending != unbounded  # the last one was left out
     assert looks_at(1000) == unbounded
+    assert looks_at(100, drafted_before=True) == unbounded
 
 
 def test_a_declined_verdict_is_priced_again_less_often_as_plain_rounds_go_on() -> None:
     """Pricing a round takes ~250 us right after a decode here: a declined verdict holds QUIET_ROUNDS
-    plain rounds after a round that drafted, then as many as have been plain since (the reference rate
-    has settled), at most to the next shadow, which prices it again. Near the output's end, where the
-    tokens left are priced as such (END_SHARE), every QUIET_ROUNDS again."""
+    plain rounds while the rounds that drafted still weigh in the reference rate, then as many as have
+    been plain since (RATE_SETTLED on), at most to the next shadow, which prices it again. Near the
+    output's end, where the tokens left are priced as such (END_SHARE), every QUIET_ROUNDS again."""
     costs = _costs(CPU_STAIRCASE)
     for _ in range(1 + SETTLED_SAMPLES):
         costs.observe_draft("slow", 1, 0.020)  # two thirds of a target token: a shadow every ~65 rounds
@@ -534,8 +538,8 @@ def test_a_declined_verdict_is_priced_again_less_often_as_plain_rounds_go_on() -
         return priced, looks
 
     priced, looks = priced_and_looks(None)
-    assert priced[:4] == [0, 8, 16, 32] and len(looks) >= 3, (priced, looks)
-    assert len(priced) <= 2 * len(looks) + 5, (priced, looks)  # a shadow and the round after it
+    assert RATE_SETTLED == 29 and priced[:6] == [0, 8, 16, 24, 32, 64] and len(looks) >= 3, (priced, looks)
+    assert len(priced) <= 2 * len(looks) + 6, (priced, looks)  # a shadow and the round after it
     priced, looks = priced_and_looks(300)
     end = [p for p in priced if p >= 300 - HORIZON]
     assert len(end) >= 3 and all(b - a == QUIET_ROUNDS for a, b in zip(end, end[1:], strict=False)), priced
