@@ -86,7 +86,7 @@ QUIET_ROUNDS = 8
 CATCH_UP_SAMPLE = 8
 RATE_TOKENS = 8.0  # decayed tokens of recent rounds before their rate is the reference
 RATE_DECAY = 0.9  # per round: the reference rate follows the text within ~10 rounds
-RATE_SETTLED = math.ceil(math.log(0.05) / math.log(RATE_DECAY))  # plain rounds: a draft's rounds weigh < 5 %
+RATE_SETTLED = 29  # plain rounds after which the rounds before weigh under 5 % in the rate (0.9^29 = 0.047)
 # Near the output's end the reference rate is at most this share of the best rate the tokens left can
 # give (all of them drafted in one batch and accepted), so that drafting them can pay.
 END_SHARE = 0.9
