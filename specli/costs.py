@@ -247,6 +247,7 @@ class CostModel:
     _curve: list[float] | None = field(default=None, repr=False)  # predicted at _position
     _draft_seen: set[str] = field(default_factory=set, repr=False)
     _look_seen: set[str] = field(default_factory=set, repr=False)
+    _warmed: set[str] = field(default_factory=set, repr=False)  # sources whose drafter ran a pass at load
     # This process's recent per-unit draft and look costs by source (the first of each left out): their
     # median is the cost once there are SETTLED_SAMPLES of them, the decayed means above until then.
     _draft_recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
@@ -451,6 +452,10 @@ class CostModel:
         step and look are timed as warm ones."""
         self._draft_seen.add(source)
         self._look_seen.add(source)
+        self._warmed.add(source)
+
+    def warmed_up(self, source: str) -> bool:
+        return source in self._warmed
 
     def observe_look(self, source: str, seconds: float, decay: float = DRAFT_DECAY) -> None:
         _observe_warm(self.look, self._look_seen, source, seconds, 1.0, decay,  # the first: cold, as above

@@ -571,10 +571,11 @@ class AutoK(DraftPolicy):
         c_draft = self.costs.draft_seconds_per_token(source)
         if curve is None or c_draft is None:
             # No T_v(1) yet (a plain round measures it) or no draft step: shadows measure it before
-            # any round pays for drafts that may not be worth their cost.
+            # any round pays for drafts that may not be worth their cost (a look once it is timed
+            # measures nothing a plain round does not).
             self._round_inputs = (source, None)
             self._plan = "unmeasured"
-            return self._plain(look=True)
+            return self._plain(look=c_draft is None or not self.costs.warmed_up(source))
         self._plan = "offered"
         if c_draft < FREE_LOOK * curve[0]:
             # Looking costs next to nothing (n-gram lookup): let the gate judge every round, pricing
@@ -593,9 +594,14 @@ class AutoK(DraftPolicy):
             # next: a sure shadow brings drafting back at once, whatever the rounds before say.
             expected = max(float(cal.first @ worth) / cal.first.sum(), worth[cal.bin(cal.last_first)])
             if expected <= price:
-                if not self.costs.draft_settled(source):
+                if not self.costs.draft_settled(source) and not (
+                        self.costs.warmed_up(source) and float(worth.max()) > price
+                        and not self._dear_to_watch(source, inputs)):
                     # Priced by a step or two that may be cold (a GPU's graph building): look again
                     # each round, which times more steps, before any verdict (costs.SETTLED_SAMPLES).
+                    # A drafter that ran a pass of its shape at load (Drafter.warm_up) times warm
+                    # steps from its first: a declined verdict, whose shadows time more, needs no more
+                    # (one that stops the looks, hopeless or resting, still waits for the median).
                     self._plan = "unmeasured"
                     return self._plain(look=True)
                 if self._dear_to_watch(source, inputs):

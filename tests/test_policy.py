@@ -844,6 +844,40 @@ def _block(c_pass: float, block: int = 7) -> AutoK:
     return policy
 
 
+def test_a_warmed_up_drafter_is_declined_after_its_first_warm_look() -> None:
+    """A drafter that ran a pass of its shape at load (Drafter.warm_up) times warm steps from its first
+    look: a declined verdict, whose shadows time more, needs no more (without the warm-up, the first
+    step is left out as cold and SETTLED_SAMPLES more are timed first: four looks, which cost a random
+    DSpark head of the 152k bench target ~3 % of its first 256-token generation here). A verdict that
+    stops the looks still waits for the median: a pass that could not pay even at the surest
+    confidence (hopeless) is looked at until it is settled."""
+    def looks(c_pass: float, warmed: bool) -> tuple[int, bool]:
+        costs = _costs(CPU_STAIRCASE)
+        if warmed:
+            costs.warmed("dflash")
+        policy = AutoK(costs, block_sources={"dflash": 7})
+        cal = policy.learned.calibration.setdefault("dflash", Calibration())
+        for _ in range(30):
+            cal.observe(0.99, 1.0)
+            cal.observe(0.3, 0.0)
+            cal.observe_first(0.3)  # lately unsure at the first position
+        count = 0
+        for _ in range(12):
+            decision = policy.decide("dflash", 7)
+            assert decision.k == 0
+            count += decision.look
+            if decision.look:
+                policy.observe(RoundReport("dflash", 0, 0, c_pass, 0.0308, 1, first_confidence=0.3,
+                                           held=(0.3, 0.0)))
+            else:
+                policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
+        return count, "dflash" in policy.hopeless
+
+    assert looks(0.010, warmed=True) == (1, False)
+    assert looks(0.010, warmed=False) == (1 + SETTLED_SAMPLES, False)
+    assert looks(1.0, warmed=True) == (SETTLED_SAMPLES + 1, True)  # and the hopeless verdict's own look
+
+
 def test_a_block_drafters_pass_is_priced_once_and_its_positions_by_their_verify() -> None:
     """A DFlash/DSpark pass proposes a block at once: auto prices the pass when it decides to draft and
     then keeps the prefix whose acceptance beats its share of the verify, charging no draft step per
