@@ -434,6 +434,33 @@ def test_the_draft_cost_kept_for_the_next_process_is_the_median_of_this_ones() -
     assert confirmed.draft_settled("draft")
 
 
+def _lately_unsure(policy: AutoK, source: str) -> None:
+    """`source` right where it is sure (0.99) and wrong where it is not (0.3), and lately unsure at the
+    first position: drafting does not pay now, and a shadow may show when it would again."""
+    cal = policy.learned.calibration.setdefault(source, Calibration())
+    for _ in range(30):
+        cal.observe(0.99, 1.0)
+        cal.observe(0.3, 0.0)
+        cal.observe_first(0.3)
+
+
+def _declined_rounds(policy: AutoK, source: str, rounds: int, c_look: float, *, limit: int = 8,
+                     total: int | None = None) -> list[int]:
+    """`rounds` plain rounds of a text `source` stays unsure on, each look timed at `c_look` seconds
+    (`total`: the generation's tokens, so `left` counts down to its end); the rounds that looked."""
+    looks = []
+    for i in range(rounds):
+        decision = policy.decide(source, limit, left=None if total is None else total - i)
+        assert decision.k == 0
+        if decision.look:
+            looks.append(i)
+            policy.observe(RoundReport(source, 0, 0, c_look, 0.0308, 1, first_confidence=0.3,
+                                       held=(0.3, 0.0)))
+        else:
+            policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
+    return looks
+
+
 def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
     """While plain rounds are right, a source that costs a third of a target token per draft step looks
     every ~33rd round (~1 % of plain decoding's time); a free one is never plain: the gate judges it
@@ -445,11 +472,7 @@ def test_shadows_are_rationed_when_drafting_is_expensive() -> None:
     looks, drafted = {}, {}
     for source in ("slow", "free"):
         policy = AutoK(costs)
-        cal = policy.learned.calibration.setdefault(source, Calibration())
-        for _ in range(30):
-            cal.observe(0.99, 1.0)
-            cal.observe(0.3, 0.0)
-            cal.observe_first(0.3)  # lately unsure at the first position
+        _lately_unsure(policy, source)
         looks[source] = drafted[source] = 0
         for _ in range(100):
             decision = policy.decide(source, 8)
@@ -477,22 +500,8 @@ def test_no_shadow_watches_fewer_tokens_than_its_gap() -> None:
     def looks_at(total: int | None, drafted_before: bool = False) -> list[int]:
         policy = AutoK(costs)
         policy.tally["drafted"] = int(drafted_before)
-        cal = policy.learned.calibration.setdefault("slow", Calibration())
-        for _ in range(30):
-            cal.observe(0.99, 1.0)
-            cal.observe(0.3, 0.0)
-            cal.observe_first(0.3)
-        rounds = []
-        for i in range(100):
-            decision = policy.decide("slow", 8, left=None if total is None else total - i)
-            assert decision.k == 0
-            if decision.look:
-                rounds.append(i)
-                policy.observe(RoundReport("slow", 0, 0, 0.010, 0.0308, 1, first_confidence=0.3,
-                                           held=(0.3, 0.0)))
-            else:
-                policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
-        return rounds
+        _lately_unsure(policy, "slow")
+        return _declined_rounds(policy, "slow", 100, 0.010, total=total)
 
     unbounded = looks_at(None)
     gap = unbounded[-1] - unbounded[-2]
@@ -515,28 +524,15 @@ def test_a_declined_verdict_is_priced_again_less_often_as_plain_rounds_go_on() -
 
     def priced_and_looks(total: int | None) -> tuple[list[int], list[int]]:
         policy = AutoK(costs)
-        cal = policy.learned.calibration.setdefault("slow", Calibration())
-        for _ in range(30):
-            cal.observe(0.99, 1.0)
-            cal.observe(0.3, 0.0)
-            cal.observe_first(0.3)
-        priced, looks, inputs = [], [], policy.inputs
+        _lately_unsure(policy, "slow")
+        priced, inputs = [], policy.inputs
 
         def counted(source: str):
-            priced.append(i)
+            priced.append(sum(policy.tally.values()))  # the round: each observed one is tallied once
             return inputs(source)
 
         policy.inputs = counted
-        for i in range(300):
-            decision = policy.decide("slow", 8, left=None if total is None else total - i)
-            assert decision.k == 0
-            if decision.look:
-                looks.append(i)
-                policy.observe(RoundReport("slow", 0, 0, 0.020, 0.0308, 1, first_confidence=0.3,
-                                           held=(0.3, 0.0)))
-            else:
-                policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
-        return priced, looks
+        return priced, _declined_rounds(policy, "slow", 300, 0.020, total=total)
 
     priced, looks = priced_and_looks(None)
     assert RATE_DECAY ** RATE_SETTLED < 0.05 <= RATE_DECAY ** (RATE_SETTLED - 1)  # 29
@@ -556,11 +552,7 @@ def test_a_look_is_priced_with_the_catch_up_it_costs() -> None:
     for _ in range(1 + SETTLED_SAMPLES):
         costs.observe_draft("draft", 1, 0.001)  # a draft step: 3 % of a target token
     policy = AutoK(costs)
-    cal = policy.learned.calibration.setdefault("draft", Calibration())
-    for _ in range(30):
-        cal.observe(0.99, 1.0)
-        cal.observe(0.3, 0.0)
-        cal.observe_first(0.3)
+    _lately_unsure(policy, "draft")
     looks = 0
     for _ in range(96):
         decision = policy.decide("draft", 8)
@@ -856,21 +848,8 @@ def test_a_warmed_up_drafter_is_declined_after_its_first_warm_look() -> None:
         if warmed:
             costs.warmed("dflash")
         policy = AutoK(costs, block_sources={"dflash": 7})
-        cal = policy.learned.calibration.setdefault("dflash", Calibration())
-        for _ in range(30):
-            cal.observe(0.99, 1.0)
-            cal.observe(0.3, 0.0)
-            cal.observe_first(0.3)  # lately unsure at the first position
-        count = 0
-        for _ in range(12):
-            decision = policy.decide("dflash", 7)
-            assert decision.k == 0
-            count += decision.look
-            if decision.look:
-                policy.observe(RoundReport("dflash", 0, 0, c_pass, 0.0308, 1, first_confidence=0.3,
-                                           held=(0.3, 0.0)))
-            else:
-                policy.observe(RoundReport(None, 0, 0, 0.0, 0.0308, 0))
+        _lately_unsure(policy, "dflash")
+        count = len(_declined_rounds(policy, "dflash", 12, c_pass, limit=7))
         return count, "dflash" in policy.hopeless
 
     assert looks(0.010, warmed=True) == (1, False)
