@@ -139,13 +139,10 @@ class TargetFeatures:
         if m == 1:
             # A plain round's one row, layer by layer straight from llama.cpp's buffers: numpy views
             # and slices cost ~10 us a layer right after a decode, a ctypes copy ~1.
-            at, size, ctx = self._rows_at + (pos0 - self._base) * self.width * 4, self._layer_bytes, \
-                self.target.context_pointer
+            at, size = self._rows_at + (pos0 - self._base) * self.width * 4, self._layer_bytes
+            ctx = self.target.context_pointer
             for k, lid in enumerate(self.layers):
-                address = _get_layer_inp(ctx, lid)
-                if not address:
-                    raise LlamaError(f"{self.target.path.name}: llama.cpp kept no input of layer {lid}")
-                ctypes.memmove(at + k * size, address, size)
+                ctypes.memmove(at + k * size, self._layer_address(ctx, lid), size)
             self._upto = pos0 + 1
             return
         n_embd = self.target.n_embd
@@ -154,12 +151,17 @@ class TargetFeatures:
             out[:, k * n_embd : (k + 1) * n_embd] = self._layer_inputs(lid, m)
         self._upto = pos0 + m
 
+    def _layer_address(self, ctx: llc.llama_context_p, lid: int) -> int:
+        """Where llama.cpp keeps the last decode's inputs of layer `lid`."""
+        address = _get_layer_inp(ctx, lid)
+        if not address:
+            raise LlamaError(f"{self.target.path.name}: llama.cpp kept no input of layer {lid}")
+        return address
+
     def _layer_inputs(self, lid: int, m: int) -> np.ndarray:
         """The last decode's inputs of layer `lid`, m rows (a view of llama.cpp's output buffer, kept
         while the buffer stays where it is: making one costs more than the copy of a row)."""
-        address = _get_layer_inp(self.target.context_pointer, lid)
-        if not address:
-            raise LlamaError(f"{self.target.path.name}: llama.cpp kept no input of layer {lid}")
+        address = self._layer_address(self.target.context_pointer, lid)
         kept = self._views.get(lid)
         if kept is None or kept[0] != address or kept[1].shape[0] < m:
             n_embd = self.target.n_embd

@@ -476,17 +476,22 @@ def _min_p_floor(m: float, min_p: float) -> float:
     return float(np.float32(m + math.log(min_p)))
 
 
+def _unfiltered(params: SamplingParams, n: int) -> bool:
+    """Whether no filter narrows a row of n ids (top-k at 0 or n and above, top-p at 1, min-p at 0)."""
+    return not (0 < params.top_k < n or params.top_p < 1.0 or params.min_p)
+
+
 def _support(
     row: np.ndarray, groups: _Groups, m: float, params: SamplingParams, banned: frozenset[int]
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The token ids surviving top-k/top-p/min-p (in no particular order) and their logits, or None
     when no filter is active (all)."""
     n = row.shape[0]
+    if _unfiltered(params, n):
+        return None
     top_k = params.top_k if 0 < params.top_k < n else 0
     top_p = params.top_p if params.top_p < 1.0 else 0.0
     min_p = params.min_p
-    if not (top_k or top_p or min_p):
-        return None
     floor = _min_p_floor(m, min_p) if min_p else -math.inf
     if top_k:
         return _top_k_support(row, groups, m, top_k, top_p, floor, banned)
@@ -813,8 +818,7 @@ def _banned_set(banned: tuple[int, ...]) -> frozenset[int]:
 def _distribution(
     row: np.ndarray, params: SamplingParams, out_width: int, banned: frozenset[int] = frozenset()
 ) -> Dist:
-    if not (0 < params.top_k < row.shape[0] or params.top_p < 1.0 or params.min_p) \
-            and row.dtype == _F32 and row.flags.c_contiguous:
+    if _unfiltered(params, row.shape[0]) and row.dtype == _F32 and row.flags.c_contiguous:
         lib = native()
         if lib is not None:
             dist = _native_dense(lib, row, params, out_width)

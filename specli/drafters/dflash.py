@@ -65,9 +65,8 @@ class BlockDrafter(HeadDrafter):
         self._seen = list(context[: self.head.n_past])
 
     def warm_up(self) -> tuple[str, ...]:
-        # A pass is 1.2-2.3 target tokens here and the first one ~1.4x a later one: without this, a
-        # process paid two looks (a cold one, left out of the costs, and one to confirm the cached
-        # cost) before any verdict on a head that does not pay.
+        # A pass is 1.2-2.3 target tokens here and a process's first ~1.4x a later one: paid here, the
+        # first look is a warm one, which alone settles a declined verdict (CostModel.warmed).
         kept = self.head.n_past
         try:
             self.head.decode_block(self.head.mask_token, self._rows(self.max_k))
