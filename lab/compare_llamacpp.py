@@ -412,7 +412,7 @@ def compare_draft(target: Path, draft: Path, args: argparse.Namespace, tools: Pa
             sampling = SamplingParams(temperature=0.0)
             if temp > 0:
                 sampling = replace(DEFAULT_SAMPLING, temperature=temp)
-            for kind in ("copy-edit", "code"):
+            for kind in args.draft_prompt:
                 text = PROMPTS[kind]
                 prompt = spec.tokenize(text)
                 label = f"{kind} T{temp:g}"
@@ -489,12 +489,15 @@ def main() -> int:
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("--tool-k", help="llama-speculative-simple's n-max values, comma-separated (default: -k)")
     ap.add_argument("--draft-temp", type=float, action="append", help="temperatures of section c (default 0)")
+    ap.add_argument("--draft-prompt", action="append", choices=("copy-edit", "code"),
+                    help="prompts of section c (default both)")
     ap.add_argument("--only", default="plain,ngram,draft", help="sections to run, comma-separated")
     ap.add_argument("--no-gemma", action="store_true", help="do not add Gemma 3 270M to the models")
     ap.add_argument("--tools", type=Path, help="directory of llama.cpp binaries (default: the build cache)")
     ap.add_argument("--json", type=Path, help="write every sample and the metadata here")
     args = ap.parse_args()
     args.draft_temp = args.draft_temp or [0.0]
+    args.draft_prompt = args.draft_prompt or ["copy-edit", "code"]
     if args.n < 2 or args.repeat < 1 or args.threads < 1 or args.k < 1:
         ap.error("need -n >= 2, --repeat >= 1, -t >= 1, -k >= 1")
     if bool(args.target) != bool(args.draft):

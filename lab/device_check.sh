@@ -6,22 +6,27 @@
 # even when the call runs out of time: each stage checks the budget first.
 #
 # On this machine first:   bash lab/device_pack.sh           (writes .device/: the source, wheels)
-# Then one device call:    run(command="BUDGET=380 HARD=520 bash lab/device_check.sh", carry=[".device"],
-#                              timeout_s=560)
+# Then one device call:    run(command="BUDGET=470 HARD=560 bash lab/device_check.sh", carry=[".device"],
+#                              timeout_s=590)
 # (BUDGET: no stage starts after it; HARD: none runs past it; FROM_SOURCE=1 builds on the device even
 # with a prebuilt bundle: the build of the H200 crash, native to its processor.)
 # A CPU dry run of the same stages (no CUDA, tools from a CPU build of the vendored tree):
 #   CUDA=0 LLAMA_BUILD=/tmp/lcpu LLAMA_SRC=<llama-cpp-python sdist> N=16 REPEAT=1 BUDGET=1800 \
 #       OUT=/tmp/out bash lab/device_check.sh
 #
-# Stages (each skipped when the budget is spent): the CUDA build of .device/prebuilt.tar.xz where it
-# runs, else a build (one architecture, FlashAttention kernels off: 155 s on an H200's 16 cores, 286 s on an
-# H100's) - the load check (lab/load_variants.py) - models: the 152k-vocabulary
-# pair and a Gemma-3-270M-shaped 262k-vocabulary target (lab/build_large_vocab_pair.py), the demo pair
-# (copies from its context: for n-gram lookup) - llama-bench tg128 of every model - plain decoding
-# and draft-model speculation against llama-bench and llama-speculative-simple (lab/compare_llamacpp.py)
-# - n-gram lookup against llama-server's types on the demo target (lab/compare_llama_server.py) -
-# `specli bench` of the pair (the verify curve on the GPU, k 4/8/16/auto at T 0 and 0.7).
+# Stages, in the order of what matters most (each skipped when the budget is spent): the CUDA build of
+# .device/prebuilt.tar.xz where it runs, else a build (one architecture, FlashAttention kernels off: 155 s
+# on an H200's 16 cores, 286 s on an H100's) - the load check (lab/load_variants.py) - models, written
+# here by three processes at once: the 152k-vocabulary pair and a Gemma-3-270M-shaped 262k-vocabulary
+# target (lab/build_large_vocab_pair.py), synth's trained-drafter bench set (a 152k target with
+# EAGLE-3, DFlash and DSpark heads, structured and random) - llama-bench tg128 of every target - each
+# structured head against llama-speculative-simple --spec-type of its kind (lab/compare_llamacpp.py,
+# #48) - plain decoding against llama-bench and llama-server, a draft step of each drafter against
+# llama.cpp's, the time outside llama_decode (lab/host_work.py, #51) - this machine's native CPU
+# backend in place of the portable one (the H200 load crash) - `specli bench` of the pair (the verify
+# curve on the GPU, k 4/8/auto at T 0 and 0.7) - -k auto with random heads against the target alone
+# (lab/head_auto_check.py) - where time is left, the whole build from source and a load with it.
+# The JSON of every stage comes back in $OUT/json.tar.gz.
 set -u
 export PYTHONUNBUFFERED=1
 R=$PWD
@@ -69,6 +74,7 @@ build_from_source() {
         > "$W/build.log" 2>&1 || { tail -40 "$W/build.log" | tee -a "$REPORT"; exit 1; }
     B=$W/b/bin
     LIB=$(dirname "$(find "$W/b" -name 'libllama.so' | head -1)")
+    B_FROM_SOURCE=1
     log "built from source"
 }
 if [ -n "${LLAMA_BUILD:-}" ]; then
@@ -145,36 +151,82 @@ else
     [ "${GO_ON_AFTER_CRASH:-0}" = 1 ] || { log "stopped: specli does not load (GO_ON_AFTER_CRASH=1 measures anyway)"; exit 1; }
 fi
 
-# -- models ------------------------------------------------------------------------------------------
-stage "the 152k pair" 150 python3 lab/build_large_vocab_pair.py "$M"
-stage "the Gemma-shaped 262k target" 150 python3 lab/build_large_vocab_pair.py "$M" --shape gemma3
-stage "the demo pair" 150 "${specli[@]}" demo-models "$M/demo"
+# -- models, written here (1.5 GB does not travel): three writers, one Python process each -------------
+if left; then
+    log "== models: the 152k pair, the Gemma-shaped 262k target, the trained-drafter bench set"
+    timeout 200 python3 lab/build_large_vocab_pair.py "$M" > "$W/models-pair.log" 2>&1 &
+    timeout 200 python3 lab/build_large_vocab_pair.py "$M" --shape gemma3 > "$W/models-gemma.log" 2>&1 &
+    timeout 200 python3 -m specli_synth trained-drafters "$M/td" --size bench > "$W/models-td.log" 2>&1 &
+    wait
+    cat "$W"/models-*.log >> "$REPORT"
+fi
 T=$M/large-vocab-target.gguf
 D=$M/large-vocab-draft.gguf
 G=$M/gemma-shaped-target.gguf
-ls -la "$M" >> "$REPORT"
+TD=$M/td
+ls -la "$M" "$TD" >> "$REPORT" 2>&1
+J=$W/json
+mkdir -p "$J"
 
 # -- llama-bench: every model, tg128 and pp512 ---------------------------------------------------------
 models=()
-for m in "$T" "$D" "$G" "$M/demo/specli-demo-target.gguf"; do [ -f "$m" ] && models+=(-m "$m"); done
+for m in "$T" "$D" "$G" "$TD/target.gguf"; do [ -f "$m" ] && models+=(-m "$m"); done
 stage "llama-bench" 120 "$B/llama-bench" "${models[@]}" -ngl "$NGL" -t "$THREADS" -p 512 -n 128 -r 3 -o md
 
-# -- plain decoding and the draft model against llama-bench and llama-speculative-simple -----------------
-stage "plain and draft-model speculation vs llama-bench and llama-speculative-simple" 260 \
-    python3 lab/compare_llamacpp.py --no-gemma --model "$T" --model "$G" --target "$T" --draft "$D" \
-    --only plain,draft -n "$N" --repeat "$REPEAT" -t "$THREADS" -k 8 --tool-k 4,8,16 --draft-temp 0 \
-    --draft-temp 0.7 -c 4096 --tools "$B" --json "$OUT/compare_llamacpp.json"
+# -- #48: the trained drafters against llama-speculative-simple --spec-type of their kind ----------------
+for head in eagle3 dflash dspark; do
+    stage "$head (structured) vs llama-speculative-simple --spec-type draft-$head (code prompt, T 0 and 0.7)" \
+        90 python3 lab/compare_llamacpp.py --no-gemma --only draft --target "$TD/target.gguf" \
+        --draft "$TD/$head.gguf" -k "${HEAD_K:-4}" --tool-k "${HEAD_TOOL_K:-2,4}" --draft-temp 0 \
+        --draft-temp 0.7 --draft-prompt code -n "$N" --repeat "$REPEAT" -t "$THREADS" -c 4096 --tools "$B" \
+        --json "$J/trained-$head.json"
+done
 
-# -- n-gram lookup against llama-server's types, on a model that copies from its context ----------------
-stage "n-gram lookup vs llama-server (demo target, copy-edit and code)" 240 \
-    python3 lab/compare_llama_server.py --target "$M/demo/specli-demo-target.gguf" --prompt copy-edit \
-    --prompt code --temp 0 --defaults-only -n "$N" --repeat "$REPEAT" -t "$THREADS" --settle 0.5 \
-    --json "$OUT/compare_llama_server.json"
+# -- #51: plain decoding vs llama-bench and llama-server; a draft step vs llama.cpp's; time outside decode --
+stage "host work: plain vs llama-bench / llama-server, draft steps vs llama-speculative-simple" 220 \
+    python3 lab/host_work.py --plain "$T" --plain "$D" --plain "$G" --pair "$T" "$D" --trained "$TD" \
+    -n $(( 2 * N )) --draft-n $(( N / 2 )) --repeat "$REPEAT" -t "$THREADS" -k 8 -c 4096 --tools "$B" \
+    --json "$J/host_work.json"
 
-# -- the verify curve on this device, and -k auto against fixed k --------------------------------------
-stage "specli bench (verify curve; k 4, 8, 16, auto; T 0 and 0.7)" 200 \
-    "${specli[@]}" bench --target "$T" --draft "$D" -ngl "$NGL" -t "$THREADS" -k 4,8,16,auto --temp 0,0.7 \
-    -n "$(( N / 2 ))" --repeat 1 --json "$OUT/bench.json"
+# -- the H200 crash: this machine's native CPU backend (GGML_NATIVE=ON) in place of the portable one -----
+native_cpu() {
+    grep -m1 "model name" /proc/cpuinfo
+    grep -o -w -E "amx[a-z0-9_]*|avx512[a-z0-9_]*" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+    cmake -S "$SRC/vendor/llama.cpp" -B "$W/native" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-g \
+        -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        > "$W/native-cmake.log" 2>&1 || { tail -20 "$W/native-cmake.log"; return 1; }
+    cmake --build "$W/native" --target ggml-cpu -j"$(nproc)" > "$W/native-build.log" 2>&1 \
+        || { tail -20 "$W/native-build.log"; return 1; }
+    mkdir -p "$W/native-lib" && cp -a "$W"/native/bin/libggml-cpu.so* "$W/native-lib/"
+    for model in "$M/fixture/fixture-target.gguf" "$T"; do
+        LD_LIBRARY_PATH=$W/native-lib:${LD_LIBRARY_PATH:-} timeout 60 "${specli[@]}" run --target "$model" \
+            --no-draft -n 16 -ngl "$NGL" --json "Once upon a time" 2>&1 | tail -c 600
+        echo "specli run, native CPU backend, $(basename "$model"): exit ${PIPESTATUS[0]}"
+    done
+}
+if { [ "$CUDA" = 1 ] || [ "${NATIVE_CHECK:-0}" = 1 ]; } && left; then
+    log "== native CPU backend (the H200 load crash)"
+    native_cpu >> "$REPORT" 2>&1  # a function: timeout cannot run it, its commands are bounded instead
+fi
 
+# -- -k auto against fixed k on this device's verify curve, then auto with a useless head ----------------
+stage "specli bench (verify curve; k 4, 8, auto; T 0 and 0.7)" 90 \
+    "${specli[@]}" bench --target "$T" --draft "$D" -ngl "$NGL" -t "$THREADS" -k 4,8,auto --temp 0,0.7 \
+    -n "$(( N / 2 ))" --repeat 1 --json "$J/bench.json"
+stage "-k auto with random heads vs the target alone (#48)" 120 \
+    python3 lab/head_auto_check.py "$TD" --prompts short --repeat "$REPEAT" -t "$THREADS" -n "$N" \
+    --generations 2
+
+# -- the whole build from source on this machine, where time is left (the H200 crash's build) ------------
+if [ "$CUDA" = 1 ] && [ -z "${B_FROM_SOURCE:-}" ] && [ $(( ${HARD:-100000} - ($(date +%s) - T0) )) -gt 220 ] && left; then
+    log "== the CUDA build from source, native (the H200 crash's build)"
+    ( build_from_source ) >> "$REPORT" 2>&1
+    lib=$(dirname "$(find "$W/b" -name 'libllama.so' | head -1)")
+    LLAMA_CPP_LIB_PATH=$lib LD_LIBRARY_PATH=$lib:${LD_LIBRARY_PATH:-} timeout 60 "${specli[@]}" run \
+        --target "$M/fixture/fixture-target.gguf" --no-draft -n 8 -ngl "$NGL" "Once upon a time" >> "$REPORT" 2>&1
+    log "specli run on the native build from source: exit $?"
+fi
+
+tar czf "$OUT/json.tar.gz" -C "$J" . 2>/dev/null
 cp "$W"/build.log "$W"/cmake.log "$OUT/" 2>/dev/null
 log "done"

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _bench_common import GPU_LAYERS  # noqa: E402
 from compare_llamacpp import PLAIN_PROMPT, PROMPTS  # noqa: E402
 
 PROMPT_CHOICES = {"short": PLAIN_PROMPT, **PROMPTS}
@@ -38,7 +39,7 @@ def child(target: str, head: str | None, prompt: str, tokens: int, generations: 
     from specli import GenerationParams, load
     from specli.sampling import DEFAULT_SAMPLING
 
-    with load(target, head, n_ctx=4096, n_threads=threads) as spec:
+    with load(target, head, n_ctx=4096, n_threads=threads, n_gpu_layers=GPU_LAYERS) as spec:
         ids = spec.tokenize(PROMPT_CHOICES[prompt])
         rates, prompts, drafted = [], [], []
         for seed in range(generations):

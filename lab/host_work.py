@@ -7,7 +7,7 @@ whose tokens cost well under a millisecond here, so that what specli does outsid
 Build the stand-ins with `python lab/build_host_standin.py DIR` (262,144 tokens, ~0.57 ms a token
 here), `python lab/build_large_vocab_pair.py DIR` (its draft, 151,936 tokens, is the 150k stand-in:
 pass it as --plain, and the pair as --pair) and `python -m specli_synth trained-drafters DIR --size
-bench` (a 152k-vocabulary target with EAGLE-3 and DFlash heads: --trained DIR). llama.cpp's tools
+bench` (a 152k-vocabulary target with EAGLE-3, DFlash and DSpark heads: --trained DIR). llama.cpp's tools
 from lab/build_llama_tools.sh --with-server. Every rate excludes load and prompt on both sides.
 
 a) plain decoding, per --plain model, each repetition in a rotating order: `llama-bench -p 0 -n N` tg;
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import find_tool, no_repack_flags, stop_process, tools_dir, wait_healthy  # noqa: E402
+from _bench_common import GPU_LAYERS, find_tool, no_repack_flags, stop_process, tools_dir, wait_healthy  # noqa: E402
 from compare_llamacpp import PLAIN_PROMPT, PROMPTS, ToolError, llama_bench_tg, run_tool  # noqa: E402
 from host_filters import use_numpy  # noqa: E402
 
@@ -122,7 +122,7 @@ def plain(model: Path, args: argparse.Namespace) -> list[Cell]:
     numpy_sampled = Cell("specli default sampling, numpy filters (x llama-bench)")
     served = Cell("llama-server default sampling")
     versus = Cell("specli default sampling (x llama-server)")
-    spec = load(model, None, n_ctx=args.ctx, n_threads=args.threads)
+    spec = load(model, None, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
     server = Server(server_bin, model, args) if server_bin else None
     try:
         prompt = spec.tokenize(PLAIN_PROMPT)
@@ -213,6 +213,7 @@ def drafters(args: argparse.Namespace) -> list[tuple[str, Path, Path, str, bool]
         d = Path(args.trained)
         out.append(("EAGLE-3", d / "target.gguf", d / "eagle3.gguf", "draft-eagle3", False))
         out.append(("DFlash", d / "target.gguf", d / "dflash.gguf", "draft-dflash", True))
+        out.append(("DSpark", d / "target.gguf", d / "dspark.gguf", "draft-dspark", True))
     return out
 
 
@@ -232,7 +233,7 @@ def draft_steps(args: argparse.Namespace) -> list[Cell]:
         theirs = Cell(f"{name}: llama.cpp ms a {unit}")
         outside = Cell(f"{name}: k={args.k} rounds outside llama_decode (%)")
         rates = Cell(f"{name}: specli k={args.k} tok/s (x llama-speculative-simple)")
-        spec = load(target, draft, n_ctx=args.ctx, n_threads=args.threads)
+        spec = load(target, draft, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
         try:
             prompt = spec.tokenize(PROMPTS["code"])
             speculative(spec, prompt, 0, args)  # warm-up
