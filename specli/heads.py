@@ -40,6 +40,7 @@ from specli.llama import (
     repacks,
 )
 from specli.llama_log import ensure_backend
+from specli.native import data_address
 
 
 def _bind(names: Sequence[str], argtypes: list, restype: object):
@@ -339,13 +340,21 @@ class SideContext(ClosedWhenCollected):
         self.n_past = 0
         self.decode_seconds = 0.0
         self._pos = (llc.llama_pos * 4)()
-        self._row = ctypes.POINTER(ctypes.c_float)
+        # One llama_embd for every row added (llama.cpp copies it, and the row, at each call): its
+        # data pointer is written in place, where a new struct and a cast cost ~3 us a row.
+        self._embd = llc.llama_embd(None, 1, 0)
+        self._embd_data = ctypes.c_void_p.from_buffer(self._embd, llc.llama_embd.data.offset)
         self._views: dict[tuple[int, int], np.ndarray] = {}
+        self._nextn_views: dict[tuple[int, int], np.ndarray] = {}
 
     def _add(self, pos: int, token: int | None = None, embd: np.ndarray | None = None,
              output: bool = False) -> None:
         b = self._batch
-        e = None if embd is None else llc.llama_embd(ctypes.cast(embd.ctypes.data, self._row), 1, len(embd))
+        e = None
+        if embd is not None:  # a contiguous float32 row (the callers' np.ascontiguousarray)
+            e = self._embd
+            self._embd_data.value = data_address(embd)
+            e.n_embd = embd.shape[0]
         idx = llc.llama_batch_ext_add_token(b, 0, int(token)) if token is not None else \
             llc.llama_batch_ext_add_embd(b, 0, e)
         if idx < 0:
@@ -399,7 +408,7 @@ class SideContext(ClosedWhenCollected):
         ptr = llc_ext.llama_get_embeddings_nextn(self._ctx)
         if not ptr:
             raise LlamaError(f"llama.cpp returned no state of {self.label}")
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_embd))
+        return buffer_view(self._nextn_views, ptr, rows, self.n_embd)
 
     def truncate(self, n_keep: int) -> None:
         """Drop positions n_keep.. (drafted positions, a block, a rejected suffix)."""
@@ -482,7 +491,7 @@ class MTPContext(SideContext):
         # The logits row is a view (a draft step reads it before the next decode), h a copy (the
         # next decode reads it as its input)
         return buffer_view(self._views, logits, 1, self.n_vocab)[0], \
-            np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy()
+            buffer_view(self._nextn_views, h, 1, self.n_embd)[0].copy()
 
     def _resync(self) -> None:
         super()._resync()

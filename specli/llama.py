@@ -382,6 +382,7 @@ class Model(ClosedWhenCollected):
         self._eog: tuple[int, ...] | None = None
         self._is_eog: dict[int, bool] = {}
         self._logits_views: dict[tuple[int, int], np.ndarray] = {}
+        self._hidden_views: dict[tuple[int, int], np.ndarray] = {}
         # Backend sampling: the filters decode_filtered applies, and the llama.cpp chain attached now
         # (attached on the first filtered decode, detached by a decode that wants raw rows).
         self._filters: GraphFilters | None = None
@@ -789,7 +790,7 @@ class Model(ClosedWhenCollected):
         ptr = llc_ext.llama_get_embeddings_nextn(self._ctx)
         if not ptr:
             raise LlamaError(f"{self.path.name}: llama.cpp returned no hidden state (MTP)")
-        self._hidden[pos0:need] = np.ctypeslib.as_array(ptr, shape=(m, self.n_embd))
+        self._hidden[pos0:need] = buffer_view(self._hidden_views, ptr, m, self.n_embd)
         self._hidden_upto = need
 
     def hidden_rows(self, start: int, stop: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specli.native import FilterSettings, NativeSampling, native
+from specli.native import FilterSettings, NativeSampling, data_address, native
 from specli.settings import DEFAULTS, SAMPLER_RANGES, SETTINGS, RunSettings, temperature_problem
 
 # Ids are grouped in fixed blocks of this many: a block's maximum logit bounds all of its ids.
@@ -86,15 +86,6 @@ DEFAULT_SAMPLING = SamplingParams.of(DEFAULTS)
 _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
 _F64 = np.dtype(np.float64)
-
-
-def _address(a: np.ndarray) -> int:
-    """Where a contiguous array's data starts, for native_sampling.c: through a ctypes view of a
-    writable buffer (a quarter of the cost of a.ctypes.data), else the array interface."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
-    except (TypeError, ValueError, BufferError):
-        return a.__array_interface__["data"][0]
 
 
 # -- keyed noise ---------------------------------------------------------------------------------------
@@ -197,8 +188,8 @@ class Noise:
         if lib is not None:
             ids = np.ascontiguousarray(ids, dtype=np.int64)
             out = np.empty(ids.shape[0])
-            lib.keyed_gumbel(_address(ids), ids.shape[0], self._base(position, family * 4, salt),
-                             _address(out))
+            lib.keyed_gumbel(data_address(ids), ids.shape[0], self._base(position, family * 4, salt),
+                             data_address(out))
             return out
         if ids.shape[0] <= _FEW:
             return np.array(self.gumbel_few(position, ids.tolist(), family, salt))
@@ -577,7 +568,7 @@ class Dist:
                 at = self._at
                 if at is None and self.ids.dtype == _I64 and self.scores.dtype == _F64 \
                         and self.ids.flags.c_contiguous and self.scores.flags.c_contiguous:
-                    at = self._at = (_address(self.ids), _address(self.scores))
+                    at = self._at = (data_address(self.ids), data_address(self.scores))
                 if at is not None:
                     return int(self.ids[lib.keyed_argmax(at[0], at[1], self.ids.shape[0], noise._key,
                                                          position, family * 4, salt)])
@@ -592,7 +583,8 @@ class Dist:
             self._block_max = _block_max(s)
         lib = native()
         if lib is not None and s.dtype == _F32 and self._block_max.dtype == _F32 and s.flags.c_contiguous:
-            token = lib.dense_draw(_address(s), s.shape[0], _address(self._block_max), noise._key, position,
+            token = lib.dense_draw(data_address(s), s.shape[0], data_address(self._block_max), noise._key,
+                                   position,
                                    family * 4, salt)
             if token == -1:
                 raise SamplingError("nothing left to sample: the distribution has no mass")
@@ -847,7 +839,7 @@ def _native_dense(
     scores = np.empty(n, dtype=_F32)
     block_max = np.empty(-(-n // BLOCK), dtype=_F32)
     inv_t = 1.0 / params.temperature
-    m = lib.dense_scores(_address(row), n, inv_t, _address(scores), _address(block_max))
+    m = lib.dense_scores(data_address(row), n, inv_t, data_address(scores), data_address(block_max))
     if not math.isfinite(m) or not math.isfinite(inv_t * max(1.0, abs(m))):
         return None
     return Dist(None, scores, out_width, block_max)
@@ -874,7 +866,7 @@ def _settings_for(params: SamplingParams) -> tuple[FilterSettings, int, np.ndarr
     banned = np.array(params.banned, dtype=np.int64) if params.banned else None
     settings = FilterSettings(params.top_k, params.top_p if params.top_p < 1.0 else 0.0, params.min_p,
                               1.0 / params.temperature, len(params.banned),
-                              None if banned is None else _address(banned))
+                              None if banned is None else data_address(banned))
     return settings, ctypes.addressof(settings), banned
 
 
@@ -886,9 +878,9 @@ def _native_distribution(
     infinite logit: its errors)."""
     k = params.top_k
     out = np.empty(4 * k + 1)  # the survivors' ids and scores, the C side's scratch, the maximum
-    out_at = _address(out)
+    out_at = data_address(out)
     settings = _filter_settings(params)
-    count = lib.filter(_address(row), row.shape[0], settings[1], out_at)
+    count = lib.filter(data_address(row), row.shape[0], settings[1], out_at)
     if count < 1:
         return None
     if not math.isfinite(settings[0].inv_t * max(1.0, abs(float(out[4 * k])))):
