@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specli import costcache
+from specli import costcache, proposer
 from specli.costs import CARRIED_AGE, SETTLED_SAMPLES, STARVED, CostModel
 from specli.events import DoneEvent, Holdback
 from specli.policy import RECHECK_SHARE, AutoK, Calibration, Decision, RoundReport
+from specli.proposer import JUDGED_SPAN, CpuShare
 from specli.settings import usable_cores
 from specli.stats import GenerationStats
 
@@ -96,6 +97,49 @@ def test_the_share_a_kept_decode_needs_is_that_of_the_targets_threads_on_a_cpu()
     assert costcache.kept_share(cpu) == pytest.approx(STARVED * min(2, usable_cores()))
     assert costcache.kept_share({"target": {"threads": 2, "gpu_layers": 99}}) is None
     assert costcache.kept_share(None) is None
+
+
+class _Clocks:
+    """Wall and CPU clocks the test advances; counts the CPU clock's readings."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self.cpu_reads = 0
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def process_time(self) -> float:
+        self.cpu_reads += 1
+        return self.cpu
+
+    def span(self, share: CpuShare, wall: float, threads: float = 2.0) -> float | None:
+        share.start()
+        self.wall += wall
+        self.cpu += threads * wall
+        return share.stop()
+
+
+def test_a_verify_share_is_judged_without_reading_the_cpu_clock_around_spans_too_short_to_judge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process's CPU clock costs ~30 us to read while llama.cpp's threads run: a span after one
+    too short to judge (a GPU's verify) reads none, and a short span does not read it at its end; spans
+    long enough are judged as before, and the first after a short one only once it follows a long one."""
+    clocks = _Clocks()
+    monkeypatch.setattr(proposer, "time", clocks)
+    share = CpuShare()
+    assert clocks.span(share, 2 * JUDGED_SPAN) == pytest.approx(2.0)
+    assert clocks.cpu_reads == 2
+    assert clocks.span(share, JUDGED_SPAN / 4) is None  # read at its start only
+    assert clocks.cpu_reads == 3
+    for _ in range(5):
+        assert clocks.span(share, JUDGED_SPAN / 4) is None
+    assert clocks.cpu_reads == 3
+    assert clocks.span(share, 3 * JUDGED_SPAN, threads=1.0) is None  # after a short one: wall clock only
+    assert clocks.cpu_reads == 3
+    assert clocks.span(share, 3 * JUDGED_SPAN, threads=1.0) == pytest.approx(1.0)
+    assert clocks.cpu_reads == 5
 
 
 def test_carried_sizes_age_and_yield_to_this_processes_own_measurements() -> None:
