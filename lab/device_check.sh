@@ -16,17 +16,19 @@
 #
 # Stages, in the order of what matters most (each skipped when the budget is spent): the CUDA build of
 # .device/prebuilt.tar.xz where it runs, else a build (one architecture, FlashAttention kernels off: 155 s
-# on an H200's 16 cores, 286 s on an H100's) - the load check (lab/load_variants.py) - models, written
-# here by three processes at once: the 152k-vocabulary pair and a Gemma-3-270M-shaped 262k-vocabulary
-# target (lab/build_large_vocab_pair.py), synth's trained-drafter bench set (a 152k target with
-# EAGLE-3, DFlash and DSpark heads, structured and random) - llama-bench tg128 of every target - each
-# structured head against llama-speculative-simple --spec-type of its kind (lab/compare_llamacpp.py,
-# #48) - plain decoding against llama-bench and llama-server, a draft step of each drafter against
-# llama.cpp's, the time outside llama_decode (lab/host_work.py, #51) - this machine's native CPU
-# backend in place of the portable one (the H200 load crash) - `specli bench` of the pair (the verify
-# curve on the GPU, k 4/8/auto at T 0 and 0.7) - -k auto with random heads against the target alone
-# (lab/head_auto_check.py) - where time is left, the whole build from source and a load with it.
-# The JSON of every stage comes back in $OUT/json.tar.gz.
+# on an H200's 16 cores, 286 s on an H100's; 209 s for libllama alone on an H200 on 2026-11-28) - the
+# load check (lab/load_variants.py) - models, written here by three processes at once (83 s): the
+# 152k-vocabulary pair and a Gemma-3-270M-shaped 262k-vocabulary target (lab/build_large_vocab_pair.py),
+# synth's trained-drafter bench set (a 152k target with EAGLE-3, DFlash and DSpark heads, structured and
+# random) - llama-bench tg128 of every target - plain decoding against llama-bench and llama-server with
+# the filters in the graph (auto on a GPU) and on the host (lab/host_work.py, #51) - what a declined
+# random head costs: its features' share of the target's decode (lab/feature_tax.py), -k auto with it,
+# and with a declined head resting at once (lab/head_auto_check.py [--rest], #48) - each structured head
+# against llama-speculative-simple --spec-type of its kind (lab/compare_llamacpp.py, #48) - a draft step
+# of each drafter against llama.cpp's and the time outside llama_decode (lab/host_work.py) - `specli
+# bench` of the pair (the verify curve, k 4/8/auto at T 0 and 0.7) - with NATIVE_CHECK=1 /
+# FROM_SOURCE_CHECK=1, the H200 load crash's two checks of 2026-11-28. The JSON of every stage comes back
+# in $OUT/json.tar.gz. The first run of these stages (2026-11-28, H200): lab/runs/2026-11-28-h200.txt.
 set -u
 export PYTHONUNBUFFERED=1
 R=$PWD
@@ -173,6 +175,28 @@ models=()
 for m in "$T" "$D" "$G" "$TD/target.gguf"; do [ -f "$m" ] && models+=(-m "$m"); done
 stage "llama-bench" 120 "$B/llama-bench" "${models[@]}" -ngl "$NGL" -t "$THREADS" -p 512 -n 128 -r 3 -o md
 
+# -- #51: plain decoding vs llama-bench and llama-server, the filters in the graph (auto on a GPU) and on
+# the host (on the H200, 2026-11-28, specli's decode cost ~0.2 ms a token more than llama-bench's with
+# backend sampling; the H100 run before it, host sampling, ~0.1) ------------------------------------
+stage "plain decoding, sampling on auto (the graph)" 150 \
+    python3 lab/host_work.py --plain "$T" --plain "$D" --plain "$G" -n $(( 2 * N )) --repeat "$REPEAT" \
+    -t "$THREADS" -c 4096 --tools "$B" --json "$J/host_work-plain-auto.json"
+stage "plain decoding, sampling on the host" 150 \
+    python3 lab/host_work.py --plain "$T" --plain "$D" --plain "$G" -n $(( 2 * N )) --repeat "$REPEAT" \
+    -t "$THREADS" -c 4096 --tools "$B" --sampling-on host --json "$J/host_work-plain-host.json"
+
+# -- #48: what a declined random head costs the target alone (0.78-0.87x on the H200): its features'
+# share of a decode, then -k auto as it is and with a declined head resting at once ----------------------
+stage "the features' cost in the target's decode" 60 \
+    python3 lab/feature_tax.py "$TD/target.gguf" "$TD/eagle3-random.gguf" "$TD/dflash-random.gguf" \
+    "$TD/dspark-random.gguf" -n 128 --repeat 5 -t "$THREADS"
+stage "-k auto with random heads vs the target alone (#48)" 120 \
+    python3 lab/head_auto_check.py "$TD" --prompts short --repeat "$REPEAT" -t "$THREADS" -n "$N" \
+    --generations 2
+stage "-k auto with random heads that rest once declined (an experiment)" 120 \
+    python3 lab/head_auto_check.py "$TD" --prompts short --repeat "$REPEAT" -t "$THREADS" -n "$N" \
+    --generations 2 --rest
+
 # -- #48: the trained drafters against llama-speculative-simple --spec-type of their kind ----------------
 for head in eagle3 dflash dspark; do
     stage "$head (structured) vs llama-speculative-simple --spec-type draft-$head (code prompt, T 0 and 0.7)" \
@@ -182,13 +206,19 @@ for head in eagle3 dflash dspark; do
         --json "$J/trained-$head.json"
 done
 
-# -- #51: plain decoding vs llama-bench and llama-server; a draft step vs llama.cpp's; time outside decode --
-stage "host work: plain vs llama-bench / llama-server, draft steps vs llama-speculative-simple" 220 \
-    python3 lab/host_work.py --plain "$T" --plain "$D" --plain "$G" --pair "$T" "$D" --trained "$TD" \
-    -n $(( 2 * N )) --draft-n $(( N / 2 )) --repeat "$REPEAT" -t "$THREADS" -k 8 -c 4096 --tools "$B" \
-    --json "$J/host_work.json"
+# -- #51: a draft step of each drafter against llama.cpp's; the time outside llama_decode ----------------
+stage "draft steps vs llama-speculative-simple" 150 \
+    python3 lab/host_work.py --pair "$T" "$D" --trained "$TD" --draft-n $(( N / 2 )) --repeat "$REPEAT" \
+    -t "$THREADS" -k 8 -c 4096 --tools "$B" --json "$J/host_work-steps.json"
 
-# -- the H200 crash: this machine's native CPU backend (GGML_NATIVE=ON) in place of the portable one -----
+# -- -k auto against fixed k on this device's verify curve ----------------------------------------------
+stage "specli bench (verify curve; k 4, 8, auto; T 0 and 0.7)" 90 \
+    "${specli[@]}" bench --target "$T" --draft "$D" -ngl "$NGL" -t "$THREADS" -k 4,8,auto --temp 0,0.7 \
+    -n "$(( N / 2 ))" --repeat 1 --json "$J/bench.json"
+
+# -- the H200 load crash (NATIVE_CHECK=1, FROM_SOURCE_CHECK=1): on 2026-11-28 the carried bundle ran with
+# that machine's native CPU backend, and a build from source there crashed in llama_model_load_from_file
+# with either CPU backend (lab/runs/2026-11-28-h200.txt) --------------------------------------------------
 native_cpu() {
     grep -m1 "model name" /proc/cpuinfo
     grep -o -w -E "amx[a-z0-9_]*|avx512[a-z0-9_]*" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
@@ -204,21 +234,12 @@ native_cpu() {
         echo "specli run, native CPU backend, $(basename "$model"): exit ${PIPESTATUS[0]}"
     done
 }
-if { [ "$CUDA" = 1 ] || [ "${NATIVE_CHECK:-0}" = 1 ]; } && left; then
+if [ "${NATIVE_CHECK:-0}" = 1 ] && left; then
     log "== native CPU backend (the H200 load crash)"
     native_cpu >> "$REPORT" 2>&1  # a function: timeout cannot run it, its commands are bounded instead
 fi
 
-# -- -k auto against fixed k on this device's verify curve, then auto with a useless head ----------------
-stage "specli bench (verify curve; k 4, 8, auto; T 0 and 0.7)" 90 \
-    "${specli[@]}" bench --target "$T" --draft "$D" -ngl "$NGL" -t "$THREADS" -k 4,8,auto --temp 0,0.7 \
-    -n "$(( N / 2 ))" --repeat 1 --json "$J/bench.json"
-stage "-k auto with random heads vs the target alone (#48)" 120 \
-    python3 lab/head_auto_check.py "$TD" --prompts short --repeat "$REPEAT" -t "$THREADS" -n "$N" \
-    --generations 2
-
-# -- the whole build from source on this machine, where time is left (the H200 crash's build) ------------
-if [ "$CUDA" = 1 ] && [ -z "${B_FROM_SOURCE:-}" ] && [ $(( ${HARD:-100000} - ($(date +%s) - T0) )) -gt 220 ] && left; then
+if [ "${FROM_SOURCE_CHECK:-0}" = 1 ] && [ "$CUDA" = 1 ] && [ -z "${B_FROM_SOURCE:-}" ] && [ $(( ${HARD:-100000} - ($(date +%s) - T0) )) -gt 220 ] && left; then
     log "== the CUDA build from source, native (the H200 crash's build)"
     ( build_from_source ) >> "$REPORT" 2>&1
     lib=$(dirname "$(find "$W/b" -name 'libllama.so' | head -1)")
@@ -226,6 +247,7 @@ if [ "$CUDA" = 1 ] && [ -z "${B_FROM_SOURCE:-}" ] && [ $(( ${HARD:-100000} - ($(
         --target "$M/fixture/fixture-target.gguf" --no-draft -n 8 -ngl "$NGL" "Once upon a time" >> "$REPORT" 2>&1
     log "specli run on the native build from source: exit $?"
 fi
+
 
 tar czf "$OUT/json.tar.gz" -C "$J" . 2>/dev/null
 cp "$W"/build.log "$W"/cmake.log "$OUT/" 2>/dev/null

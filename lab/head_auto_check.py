@@ -36,6 +36,13 @@ def child(target: str, head: str | None, prompt: str, tokens: int, generations: 
           temperature: float) -> None:
     from dataclasses import replace
 
+    if os.environ.get("HEAD_AUTO_REST") == "1":
+        # --rest: a declined source rests at once (as one whose catch-up is dear to watch), so the
+        # target stops handing out its features; the experiment, not specli's policy
+        from specli.policy import AutoK
+
+        AutoK._dear_to_watch = lambda self, source, inputs: self._unread.get(source, 0) > 0
+
     from specli import GenerationParams, load
     from specli.sampling import DEFAULT_SAMPLING
 
@@ -59,7 +66,7 @@ def child(target: str, head: str | None, prompt: str, tokens: int, generations: 
 def run(args: argparse.Namespace, head: str | None, prompt: str) -> dict:
     with tempfile.TemporaryDirectory() as fresh:
         cache = str(args.caches / (head or "plain")) if args.keep_cache else fresh
-        env = dict(os.environ, SPECLI_CACHE_DIR=cache)
+        env = dict(os.environ, SPECLI_CACHE_DIR=cache, HEAD_AUTO_REST="1" if args.rest else "0")
         command = [sys.executable, __file__, "--child", str(args.dir / "target.gguf"),
                    str(args.dir / f"{head}.gguf") if head else "-", prompt, str(args.n),
                    str(args.generations), str(args.threads), str(args.temp)]
@@ -83,6 +90,8 @@ def main() -> None:
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("--temp", type=float, default=0.0)
     parser.add_argument("--keep-cache", action="store_true", help="one cost cache per configuration")
+    parser.add_argument("--rest", action="store_true",
+                        help="an experiment: a declined head rests at once (its features off)")
     args = parser.parse_args()
     args.caches = Path(tempfile.mkdtemp(prefix="head-auto-"))
     print("load at start:", os.getloadavg())
