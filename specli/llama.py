@@ -861,6 +861,10 @@ class Model(ClosedWhenCollected):
             self._rollback_room = 0
             try:
                 ok = llc.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+                if ok:  # the bookkeeping inside the try: Ctrl-C may land right after the call
+                    if self._checkpoint is not None and n_keep < self._checkpoint[0]:
+                        self._checkpoint = None  # the tokens before it may change from here on
+                    del self.tokens[n_keep:]
             except BaseException:
                 self._resync((), self.n_past)
                 raise
@@ -868,9 +872,6 @@ class Model(ClosedWhenCollected):
                 # llama.cpp refused the snapshot rollback: never go on with a state we cannot name.
                 self.reset()
                 raise RollbackError(f"{self.path.name}: llama.cpp refused to roll back {depth} positions")
-            del self.tokens[n_keep:]
-            if self._checkpoint is not None and n_keep < self._checkpoint[0]:
-                self._checkpoint = None  # the tokens before it may change from here on
         elif self._checkpoint is not None and self._checkpoint[0] <= n_keep:
             self._restore_checkpoint(n_keep)
         else:

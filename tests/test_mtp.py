@@ -239,6 +239,35 @@ def test_an_interrupt_right_after_a_head_decode_leaves_its_cache_counted(mtp_mod
             assert spec.generate(PROMPTS[0], greedy).complete().tokens == expected
 
 
+def test_an_interrupt_right_after_a_recurrent_rollback_leaves_the_target_counted(mtp_model) -> None:
+    """Ctrl-C on each line the target's recurrent rollback runs once llama.cpp has dropped the
+    positions (a rejected draft of a Qwen3.5 target): its token list, checkpoint and cache still agree,
+    and the next greedy generation equals plain decoding. Before, the tokens were trimmed after the
+    guarded call: an interruption there left 28 counted over a cache of 25."""
+
+    greedy = GenerationParams(max_tokens=24, sampling=GREEDY, draft_max=3, ignore_eos=True)
+    expected = plain_greedy(mtp_model, PROMPTS[0], 24, stop_at_eog=False)
+    interrupted = 0
+    with load(mtp_model, "mtp", n_ctx=1024, n_threads=1) as spec:
+        for nth in range(1, 6):
+            params = GenerationParams(max_tokens=60, sampling=SamplingParams(temperature=1.0), draft_max=4,
+                                      ignore_eos=True, seed=nth)
+            sys.settrace(interrupt_on_line(nth, in_function="_truncate_recurrent",
+                                           counts=lambda f: "ok" in f.f_locals))
+            try:
+                for _ in spec.generate((PROMPTS[0] + " ") * 4, params):
+                    pass
+            except KeyboardInterrupt:
+                interrupted += 1
+            finally:
+                sys.settrace(None)
+            target = spec.target
+            assert llama_cpp.llama_memory_seq_pos_max(target._mem, 0) + 1 == target.n_past
+            assert target._checkpoint is None or target._checkpoint[0] <= target.n_past
+            assert spec.generate(PROMPTS[0], greedy).complete().tokens == expected
+    assert interrupted >= 3
+
+
 def _with_an_mtp_layer_declared(source: Path, path: Path) -> Path:
     """A copy of a GGUF whose metadata declares one more block, an MTP one (nextn_predict_layers 1)."""
     import gguf
