@@ -189,6 +189,21 @@ def test_models_toml_cannot_shadow_mtp(mtp_model, tmp_path) -> None:
         load_config(config)
 
 
+def _sampled_run_interrupted(spec, seed: int, trace) -> bool:  # noqa: ANN001
+    """A sampled MTP run (T 1, k = 4, 60 tokens) under `trace` (interrupt_on_line): whether Ctrl-C came."""
+    params = GenerationParams(max_tokens=60, sampling=SamplingParams(temperature=1.0), draft_max=4,
+                              ignore_eos=True, seed=seed)
+    sys.settrace(trace)
+    try:
+        for _ in spec.generate((PROMPTS[0] + " ") * 4, params):
+            pass
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+    return False
+
+
 def test_interrupts_anywhere_leave_target_and_mtp_caches_consistent(mtp_model) -> None:
     """Ctrl-C between any two lines of specli's code (a line count, not a time): both caches still
     say what they hold, every cached target position has its hidden state, and the next greedy
@@ -199,16 +214,7 @@ def test_interrupts_anywhere_leave_target_and_mtp_caches_consistent(mtp_model) -
     interrupted = 0
     with load(mtp_model, "mtp", n_ctx=1024, n_threads=1) as spec:
         for point in sorted(np.random.default_rng(0).integers(50, 6000, size=32).tolist()):
-            params = GenerationParams(max_tokens=60, sampling=SamplingParams(temperature=1.0), draft_max=4,
-                                      ignore_eos=True, seed=point)
-            sys.settrace(interrupt_on_line(point))
-            try:
-                for _ in spec.generate((PROMPTS[0] + " ") * 4, params):
-                    pass
-            except KeyboardInterrupt:
-                interrupted += 1
-            finally:
-                sys.settrace(None)
+            interrupted += _sampled_run_interrupted(spec, point, interrupt_on_line(point))
             target, mtp = spec.target, spec.drafter.mtp
             assert llama_cpp.llama_memory_seq_pos_max(target._mem, 0) + 1 == target.n_past
             assert llama_cpp.llama_memory_seq_pos_max(mtp._mem, 0) + 1 == mtp.n_past
@@ -250,17 +256,8 @@ def test_an_interrupt_right_after_a_recurrent_rollback_leaves_the_target_counted
     interrupted = 0
     with load(mtp_model, "mtp", n_ctx=1024, n_threads=1) as spec:
         for nth in range(1, 6):
-            params = GenerationParams(max_tokens=60, sampling=SamplingParams(temperature=1.0), draft_max=4,
-                                      ignore_eos=True, seed=nth)
-            sys.settrace(interrupt_on_line(nth, in_function="_truncate_recurrent",
-                                           counts=lambda f: "ok" in f.f_locals))
-            try:
-                for _ in spec.generate((PROMPTS[0] + " ") * 4, params):
-                    pass
-            except KeyboardInterrupt:
-                interrupted += 1
-            finally:
-                sys.settrace(None)
+            interrupted += _sampled_run_interrupted(spec, nth, interrupt_on_line(
+                nth, in_function="_truncate_recurrent", counts=lambda f: "ok" in f.f_locals))
             target = spec.target
             assert llama_cpp.llama_memory_seq_pos_max(target._mem, 0) + 1 == target.n_past
             assert target._checkpoint is None or target._checkpoint[0] <= target.n_past
