@@ -584,8 +584,7 @@ class Dist:
         lib = native()
         if lib is not None and s.dtype == _F32 and self._block_max.dtype == _F32 and s.flags.c_contiguous:
             token = lib.dense_draw(data_address(s), s.shape[0], data_address(self._block_max), noise._key,
-                                   position,
-                                   family * 4, salt)
+                                   position, family * 4, salt)
             if token == -1:
                 raise SamplingError("nothing left to sample: the distribution has no mass")
             if token >= 0:
