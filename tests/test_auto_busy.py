@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -123,11 +124,12 @@ class _Clocks:
 def test_a_verify_share_is_judged_without_reading_the_cpu_clock_around_spans_too_short_to_judge(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The process's CPU clock costs ~30 us to read while llama.cpp's threads run: a span after one
+    """The process's CPU clock costs ~11-30 us to read while llama.cpp's threads run: a span after one
     too short to judge (a GPU's verify) reads none, and a short span does not read it at its end; spans
     long enough are judged as before, and the first after a short one only once it follows a long one."""
     clocks = _Clocks()
     monkeypatch.setattr(proposer, "time", clocks)
+    monkeypatch.setattr(proposer, "_cpu_seconds", clocks.process_time)
     share = CpuShare()
     assert clocks.span(share, 2 * JUDGED_SPAN) == pytest.approx(2.0)
     assert clocks.cpu_reads == 2
@@ -140,6 +142,18 @@ def test_a_verify_share_is_judged_without_reading_the_cpu_clock_around_spans_too
     assert clocks.cpu_reads == 3
     assert clocks.span(share, 3 * JUDGED_SPAN, threads=1.0) == pytest.approx(1.0)
     assert clocks.cpu_reads == 5
+
+
+def test_the_cpu_clock_a_share_reads_is_the_processes_cpu_time() -> None:
+    """getrusage's user + system seconds, which CpuShare reads for its ~11 us against process_time's
+    ~27 while llama.cpp's threads run, move as process_time does over a busy spell."""
+    cpu0, clock0 = proposer._cpu_seconds(), time.process_time()
+    deadline = time.perf_counter() + 0.2
+    while time.perf_counter() < deadline:
+        pass
+    spent, clocked = proposer._cpu_seconds() - cpu0, time.process_time() - clock0
+    assert clocked > 0.05
+    assert abs(spent - clocked) <= 0.1 * clocked + 0.005
 
 
 def test_carried_sizes_age_and_yield_to_this_processes_own_measurements() -> None:
