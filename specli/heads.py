@@ -374,6 +374,11 @@ class SideContext(ClosedWhenCollected):
         t0 = time.perf_counter()
         try:
             rc = llc.llama_process(self._ctx, kind, self._batch)
+            # As Model's decode: a GPU's graph may still be running when llama_process returns, and
+            # the wait would otherwise land in the next read of an output, or in no read at all (a
+            # catch-up's rows have none), outside the time counted here and outside what the
+            # drafter's catch-up is priced at.
+            llc.llama_synchronize(self._ctx)
             self.decode_seconds += time.perf_counter() - t0
             if rc == 0:
                 # Counted inside the try: an interruption between the decode and the count would
