@@ -241,6 +241,9 @@ class CostModel:
     # source -> [seconds, positions], decayed: catching a drafter up on the positions plain rounds
     # committed since it last read the context (what watching it costs whatever the looks' spacing)
     catch_up: dict[str, list[float]] = field(default_factory=dict)
+    # source -> seconds a plain token costs more while the source is watched (a trained head's features,
+    # which the target hands out at every decode), as its drafter measured at load (Drafter.watch_costs)
+    watch: dict[str, float] = field(default_factory=dict)
 
     # The curve is recomputed when a new size is measured or every `refresh` samples (REFRESH).
     refresh: int = REFRESH
@@ -469,6 +472,13 @@ class CostModel:
     def catch_up_seconds_per_position(self, source: str) -> float | None:
         """What catching `source` up costs per committed position it had not read (None: not timed)."""
         return _cost(self.catch_up.get(source), self._catch_up_recent.get(source))
+
+    def observe_watch(self, source: str, seconds: float) -> None:
+        self.watch[source] = max(0.0, seconds)
+
+    def watch_seconds_per_token(self, source: str) -> float | None:
+        """What watching `source` adds to each plain token besides its catch-up (None: not measured)."""
+        return self.watch.get(source)
 
     def look_seconds(self, source: str) -> float | None:
         """What a look that drafts nothing costs, catching up included (shadows are rationed by it)."""

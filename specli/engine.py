@@ -158,6 +158,8 @@ class SpeculativeEngine:
         if drafter is not None:
             for source in drafter.warm_up():
                 self.costs.warmed(source)
+            for source, seconds in drafter.watch_costs().items():
+                self.costs.observe_watch(source, seconds)
 
     def generate(self, prompt: Sequence[int], params: GenerationParams) -> Generation:
         """A generation that continues `prompt` (token ids, BOS included), as an iterable of events.

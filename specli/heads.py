@@ -17,6 +17,7 @@ bound here as llama-cpp-python binds the MTP ones (its llama_cpp_ext).
 from __future__ import annotations
 
 import ctypes
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,6 +79,12 @@ FEATURE_ARCHITECTURES = frozenset({
 })
 
 
+# A target token dearer than this (seconds) is not timed for what its features add (TargetFeatures.tax):
+# the load would take ~25 such decodes more, and the features' cost, a few copies per decode, is then a
+# small share of a token.
+TAX_TIMED_TOKEN = 0.0025
+
+
 def available() -> str | None:
     """None when this llama-cpp-python exports the hooks heads need, else what is missing."""
     missing = [name for name, fn in (("llama_set_embeddings_layer_inp", _set_layer_inp),
@@ -125,6 +132,41 @@ class TargetFeatures:
             _set_layer_inp(self.target.context_pointer, lid, on)
         self.target.attach_recorder(self if on else None)
         self.paused = not on
+
+    def tax(self, blocks: int = 4, decodes: int = 3, slowest: float = TAX_TIMED_TOKEN) -> float | None:
+        """Seconds the features add to one plain token: the target's one-token decode with them on and
+        off, in alternating blocks (medians over blocks; the first decode after each switch untimed,
+        as llama.cpp plans its graph again). Only on an empty cache (at load; the decodes are dropped
+        after), and None there too where a token costs more than `slowest`."""
+        target = self.target
+        if target.n_past or self.paused:
+            return None
+        token = max(0, target.vocab_info().bos)
+
+        def timed(n: int) -> float:
+            seconds = 0.0
+            for _ in range(n):
+                started = time.perf_counter()
+                target.decode([token], outputs="last")
+                seconds += time.perf_counter() - started
+                target.truncate(0)
+            return seconds / n
+
+        timed(1)  # the first decode of a context builds its graph
+        if statistics.median(timed(1) for _ in range(3)) > slowest:
+            return None
+        on: list[float] = []
+        off: list[float] = []
+        try:
+            for block in range(blocks):
+                for state in (True, False) if block % 2 == 0 else (False, True):
+                    (self.resume if state else self.pause)()
+                    timed(1)
+                    (on if state else off).append(timed(decodes))
+        finally:
+            self.resume()
+            self._base = self._upto = target.n_past
+        return max(0.0, statistics.median(on) - statistics.median(off))
 
     def before_decode(self, pos0: int) -> None:
         self._upto = min(self._upto, pos0)

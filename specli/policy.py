@@ -75,8 +75,9 @@ RECHECK_SHARE = 0.01
 # and come at least every MAX_SHADOW_GAP rounds; none where fewer tokens are left than a shadow's gap.
 SHADOW_SHARE = 0.01
 MAX_SHADOW_GAP = 256
-# A source whose catch-up costs more than this share of a plain token per committed position rests once
-# declined (watching it would cost that share whatever the spacing of its looks).
+# A source whose catch-up, with what its features add to each plain token, costs more than this share of
+# a plain token per committed position rests once declined (watching it would cost that share whatever
+# the spacing of its looks).
 WATCH_SHARE = 0.02
 # A declined verdict holds this many plain rounds (or to the next shadow) unpriced; once the rate has
 # settled (RATE_SETTLED plain rounds), after n plain rounds n more.
@@ -649,13 +650,23 @@ class AutoK(DraftPolicy):
         return Decision(0, look)
 
     def _dear_to_watch(self, source: str, inputs: GateInputs) -> bool:
-        """Whether catching `source` up on each committed position costs more than WATCH_SHARE of a
-        plain token: no spacing of its looks would make watching it cheaper than that. Not
-        before it has anything to catch up on: a generation's begin() caught it up on the prompt, and
-        a look there is what wakes it."""
-        per_position = self.costs.catch_up_seconds_per_position(source)
+        """Whether watching `source` costs more than WATCH_SHARE of a plain token per committed
+        position: its catch-up, and what its features add to every plain decode (a trained head's,
+        timed at load). No spacing of its looks would make watching it cheaper than that. Not before
+        it has anything to catch up on: a generation's begin() caught it up on the prompt, and a look
+        there is what wakes it."""
+        per_position = self._watch_seconds(source)
         return (per_position is not None and per_position > WATCH_SHARE * float(inputs.verify[0])
                 and self._unread.get(source, 0) > 0)
+
+    def _watch_seconds(self, source: str) -> float | None:
+        """What watching `source` costs per committed position: its catch-up and its features (None:
+        neither measured)."""
+        catch_up = self.costs.catch_up_seconds_per_position(source)
+        features = self.costs.watch_seconds_per_token(source)
+        if catch_up is None and features is None:
+            return None
+        return (catch_up or 0.0) + (features or 0.0)
 
     def _rest(self, source: str, cause: str) -> Decision:
         self.rests[source] = cause
@@ -799,8 +810,10 @@ class AutoK(DraftPolicy):
         else:
             text = (f"{verify_text}{step_text}; acceptance {100 * acceptance:.0f} %: drafting would run at "
                     f"{speed:.2f}×")
-        per_position = self.costs.catch_up_seconds_per_position(source)
+        per_position = self._watch_seconds(source)
         if source in self.rests and per_position is not None:
-            text += (f"; watching it would cost {100 * per_position / t1:.0f} % of a token (its catch-up), "
-                     "so it rests")
+            what = "its catch-up and its features" if self.costs.watch_seconds_per_token(source) else \
+                "its catch-up"
+            share = 100 * per_position / t1
+            text += f"; watching it would cost {share:.0f} % of a token ({what}), so it rests"
         return Holdback(cause, text, plain, rounds, best + 1, ratio, step, acceptance, speed)

@@ -620,6 +620,26 @@ def test_a_source_whose_catch_up_alone_costs_more_than_shadows_may_rests() -> No
     assert not cheap.resting() and sum(looks[100:]) >= 2
 
 
+def test_a_source_whose_features_make_watching_dear_rests() -> None:
+    """Watching a trained head also costs what its features add to every plain token (the target hands
+    out its layer inputs at each decode; its drafter times them at load, Drafter.watch_costs): a
+    declined head whose catch-up is cheap (1 % of a target token a position) but whose features add
+    1.5 % rests, and its holdback says why; the same head without that figure keeps its shadows."""
+    policies = []
+    for features in (0.00045, None):
+        policy = _gated(c_draft=0.004)
+        if features is not None:
+            policy.costs.observe_watch("draft", features)
+        for _ in range(30):
+            policy.learned.calibration["draft"].observe_first(0.3)
+        policies.append((policy, _watch(policy, 300, per_position=0.0003)))
+    (taxed, looks), (untaxed, untaxed_looks) = policies
+    assert taxed.resting() == {"draft"} and sum(looks) <= 6, sum(looks)
+    assert taxed.holdback().text.endswith(
+        "watching it would cost 2 % of a token (its catch-up and its features), so it rests")
+    assert not untaxed.resting() and sum(untaxed_looks[100:]) >= 2
+
+
 def test_each_source_keeps_its_own_calibration() -> None:
     policy = AutoK(_costs(CPU_STAIRCASE))
     for _ in range(40):

@@ -308,6 +308,34 @@ def test_a_block_drafters_warm_up_leaves_no_trace_and_its_first_step_is_timed(q8
     assert timed == 0.25 and untimed is None  # without the warm-up, the first step is left out as cold
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_timing_the_features_at_load_leaves_no_trace(q8_set, kind: str, monkeypatch) -> None:
+    """At load a head's drafter times the target's one-token decode with its features on and off (what
+    watching a declined head adds to each plain token, which -k auto weighs before it watches one): on
+    this fast target the figure is there, the target's cache is empty and its features are recorded
+    from position 0, and the next round's distributions are, bit for bit, those of a load that did not
+    time them."""
+    head = head_file(q8_set, kind)
+
+    def first_round(spec) -> list[np.ndarray]:
+        context = spec.tokenize(PROMPT)
+        spec.target.decode(context[:-1], outputs="none")
+        return next_draft(spec, context)
+
+    with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as spec:
+        watch = spec.engine.costs.watch_seconds_per_token(spec.drafter.sources[0].name)
+        assert watch is not None and 0.0 <= watch < 0.005
+        features = spec.drafter.features
+        assert spec.target.n_past == 0 and not features.paused and features.held() == (0, 0)
+        timed = first_round(spec)
+    monkeypatch.setattr(type(spec.drafter), "watch_costs", lambda self: {})
+    with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as untimed:
+        assert untimed.engine.costs.watch_seconds_per_token(untimed.drafter.sources[0].name) is None
+        expected = first_round(untimed)
+    assert len(timed) == len(expected) == 4
+    assert all(np.array_equal(a, b) for a, b in zip(timed, expected, strict=True))
+
+
 # -- refusals -----------------------------------------------------------------------------------------
 
 

@@ -224,6 +224,13 @@ class Drafter(ABC):
         than later ones; the sources whose next step is then timed as a warm one."""
         return ()
 
+    def watch_costs(self) -> dict[str, float]:
+        """At load, after warm_up: per source, the seconds each plain token costs more while the source
+        is watched rather than resting, besides its catch-up (a trained head's features: the target
+        hands out its layer inputs at every decode). A source not here costs nothing while watched,
+        or was not timed."""
+        return {}
+
     @property
     def decode_seconds(self) -> float:
         """Seconds this drafter spent inside llama_decode (0 for drafters without a model)."""

@@ -50,6 +50,13 @@ class HeadDrafter(CatchingUpDrafter):
         """Whether it rests (`set_resting`): begin() then leaves the state as it is, the features unread."""
         return self.features.paused
 
+    def watch_costs(self) -> dict[str, float]:
+        # Where they cost a share of a token, -k auto rests a declined head rather than watch it
+        # (policy.WATCH_SHARE): on an H200 a declined head that was watched cost 13-22 % of plain
+        # decoding, the features' part of it not separated yet (lab/feature_tax.py).
+        tax = self.features.tax()
+        return {} if tax is None else {source.name: tax for source in self.sources}
+
     def _kept(self, context: list[int]) -> int:
         """How many leading tokens of `context` the state was computed from (a new generation may
         share a prefix with the last)."""
