@@ -8,7 +8,10 @@ Each process loads TD/target.gguf alone (`plain`) or with one head and runs `--g
 of `-n` tokens over one prompt (T `--temp` with the commands' default filters, top-k 40, top-p 0.95,
 min-p 0.05; seeds 0..; with more than one, the first generation is dropped: it measures the costs and
 finds that drafting does not pay); its figure is the median tok/s of the others (prompt excluded) and
-the median prompt seconds. Processes run in turns, in an order that rotates each repeat, each with an
+the median prompt seconds; with a head, whether it rested at the end of each generation, what its
+features add to a plain token (timed at load: Drafter.watch_costs; None where the target's token is
+too dear to time them) and its catch-up per position, as -k auto weighs them (policy.WATCH_SHARE).
+Processes run in turns, in an order that rotates each repeat, each with an
 empty SPECLI_CACHE_DIR of its own (with --keep-cache, one per configuration kept across the repeats, as
 a user's later runs find it); a ratio is the median of the per-repeat ratios to `plain`. `uptime`'s
 load is printed at the start and the end.
@@ -48,7 +51,8 @@ def child(target: str, head: str | None, prompt: str, tokens: int, generations: 
 
     with load(target, head, n_ctx=4096, n_threads=threads, n_gpu_layers=GPU_LAYERS) as spec:
         ids = spec.tokenize(PROMPT_CHOICES[prompt])
-        rates, prompts, drafted = [], [], []
+        rates, prompts, drafted, rested = [], [], [], []
+        features = getattr(spec.drafter, "features", None)
         for seed in range(generations):
             spec.engine.reset()
             sampling = replace(DEFAULT_SAMPLING, temperature=temperature)  # the commands' filters
@@ -58,9 +62,14 @@ def child(target: str, head: str | None, prompt: str, tokens: int, generations: 
             rates.append(stats.n_generated / stats.generation_seconds)
             prompts.append(stats.prompt_seconds)
             drafted.append(stats.drafted)
+            rested.append(int(features is not None and features.paused))  # at the end of the generation
+        costs, source = spec.engine.costs, spec.drafter.sources[0].name if spec.drafter else ""
+        watch, catch_up = costs.watch_seconds_per_token(source), costs.catch_up_seconds_per_position(source)
     later = slice(1 if generations > 1 else 0, None)
     print(json.dumps({"rate": statistics.median(rates[later]), "prompt": statistics.median(prompts[later]),
-                      "first_rate": rates[0], "drafted": drafted, "prompt_tokens": len(ids)}))
+                      "first_rate": rates[0], "drafted": drafted, "prompt_tokens": len(ids), "rested": rested,
+                      "features_us": None if watch is None else round(1e6 * watch, 1),
+                      "catch_up_us": None if catch_up is None else round(1e6 * catch_up, 1)}))
 
 
 def run(args: argparse.Namespace, head: str | None, prompt: str) -> dict:
@@ -112,7 +121,9 @@ def main() -> None:
                   f"tok/s {[round(row['rate'], 1) for row in rows]} x plain {ratio:.3f} "
                   f"prompt s {statistics.median(row['prompt'] for row in rows):.3f} "
                   f"first generation x plain {first:.3f} "
-                  f"drafted {[row['drafted'] for row in rows]}", flush=True)
+                  f"drafted {[row['drafted'] for row in rows]} rested {[row['rested'] for row in rows]} "
+                  f"features us {[row['features_us'] for row in rows]} "
+                  f"catch-up us/position {[row['catch_up_us'] for row in rows]}", flush=True)
     print("load at end:", os.getloadavg())
 
 

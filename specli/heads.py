@@ -80,8 +80,8 @@ FEATURE_ARCHITECTURES = frozenset({
 
 
 # A target token dearer than this (seconds) is not timed for what its features add (TargetFeatures.tax):
-# the load would take ~25 such decodes more, and the features' cost, a few copies per decode, is then a
-# small share of a token.
+# the load would take ~50 such decodes more (0.13 s at this bound), and the features' cost, a few copies
+# per decode, is then a small share of a token.
 TAX_TIMED_TOKEN = 0.0025
 
 
@@ -133,11 +133,12 @@ class TargetFeatures:
         self.target.attach_recorder(self if on else None)
         self.paused = not on
 
-    def tax(self, blocks: int = 4, decodes: int = 3, slowest: float = TAX_TIMED_TOKEN) -> float | None:
+    def tax(self, blocks: int = 6, decodes: int = 3, slowest: float = TAX_TIMED_TOKEN) -> float | None:
         """Seconds the features add to one plain token: the target's one-token decode with them on and
-        off, in alternating blocks (medians over blocks; the first decode after each switch untimed,
-        as llama.cpp plans its graph again). Only on an empty cache (at load; the decodes are dropped
-        after), and None there too where a token costs more than `slowest`."""
+        off, in pairs of blocks in alternating order (the median of the pairs' differences, which a
+        change of the machine's speed between pairs leaves alone; the first decode after each switch
+        untimed, as llama.cpp plans its graph again). Only on an empty cache (at load; the decodes are
+        dropped after), and None there too where a token costs more than `slowest`."""
         target = self.target
         if target.n_past or self.paused:
             return None
@@ -155,18 +156,19 @@ class TargetFeatures:
         timed(1)  # the first decode of a context builds its graph
         if statistics.median(timed(1) for _ in range(3)) > slowest:
             return None
-        on: list[float] = []
-        off: list[float] = []
+        differences: list[float] = []
         try:
             for block in range(blocks):
+                pair = {}
                 for state in (True, False) if block % 2 == 0 else (False, True):
                     (self.resume if state else self.pause)()
                     timed(1)
-                    (on if state else off).append(timed(decodes))
+                    pair[state] = timed(decodes)
+                differences.append(pair[True] - pair[False])
         finally:
             self.resume()
             self._base = self._upto = target.n_past
-        return max(0.0, statistics.median(on) - statistics.median(off))
+        return max(0.0, statistics.median(differences))
 
     def before_decode(self, pos0: int) -> None:
         self._upto = min(self._upto, pos0)
