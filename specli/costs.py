@@ -435,9 +435,15 @@ class CostModel:
                 if new:
                     self._refit(self._position)
                 return
-        new = m not in self.verify
-        self.verify.setdefault(m, deque(maxlen=self.window)).append((seconds, position))
-        self._verify_share.setdefault(m, deque(maxlen=self.window)).append(share)
+        samples = self.verify.get(m)
+        new = samples is None
+        if new:  # (setdefault would build a deque every round: this runs once a token)
+            samples = self.verify[m] = deque(maxlen=self.window)
+        samples.append((seconds, position))
+        shares = self._verify_share.get(m)
+        if shares is None:
+            shares = self._verify_share[m] = deque(maxlen=self.window)
+        shares.append(share)
         self._stale += 1
         if new:
             self._forget_other_samples(m)
