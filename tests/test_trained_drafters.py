@@ -35,10 +35,14 @@ from specli.drafters.registry import DRAFTERS, drafter_kind
 from specli.gguf_info import read_gguf_info
 from specli.llama_log import ensure_backend
 from specli.sampling import Noise, Sampler
+from specli_synth.fixtures import fixture_vocab
+from specli_synth.hybrid import write_ngram_qwen35
+from specli_synth.ngram_model import config_factors
 from specli_synth.trained_drafters import (
     TINY_SIZES,
     TRAINED_TARGET,
     TrainedDrafterFiles,
+    write_block_drafter,
     write_eagle3,
     write_trained_drafters,
 )
@@ -149,6 +153,50 @@ def test_same_as_plain_on_a_k_quant_target(kquant_set, kind: str) -> None:
         drafted, stats = generate(kquant_set.target, head_file(kquant_set, kind), 256, sampling)
         assert drafted == plain, temperature
         assert stats["accepted"] > 30
+
+
+@pytest.fixture(scope="module")
+def hybrid_set(tmp_path_factory) -> TrainedDrafterFiles:
+    """A Qwen3.5-shaped target (gated delta-net layers and attention: a recurrent state that goes back
+    through llama.cpp's snapshots) as wide as the tiny set's, in Q8_0, with the heads written for it.
+    Its delta-net layers move the features EAGLE-3 reads away from what synth's head expects: that head
+    accepts next to nothing here (a rollback every round); DFlash and DSpark accept some."""
+    directory = tmp_path_factory.mktemp("trained-hybrid")
+    trained = fixture_vocab()
+    factors = config_factors(trained, TRAINED_TARGET)
+    files = {"target": write_ngram_qwen35(directory / "qwen35.gguf", trained, TRAINED_TARGET, n_layer=4,
+                                          dtype="q8_0")}
+    for structured in (True, False):
+        suffix = "" if structured else "_random"
+        files[f"eagle3{suffix}"] = write_eagle3(directory / f"eagle3{suffix}.gguf", TRAINED_TARGET, factors,
+                                                TINY_SIZES, trained.vocab, structured=structured)
+        for kind in ("dflash", "dspark"):
+            files[f"{kind}{suffix}"] = write_block_drafter(
+                directory / f"{kind}{suffix}.gguf", TRAINED_TARGET, factors, TINY_SIZES, trained.vocab,
+                dspark=kind == "dspark", structured=structured)
+    return TrainedDrafterFiles(**files)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_as_plain_on_a_hybrid_target(hybrid_set, kind: str) -> None:
+    """Qwen3.5 (the family most users run): the target's recurrent state goes back through llama.cpp's
+    snapshots after each rejection while the head's features are recorded for the whole verify batch.
+    Same-as-plain prints --no-draft's tokens, greedy and seeded, with -k 4 and -k auto, and the target's
+    cache ends holding the committed tokens."""
+    assert read_gguf_info(hybrid_set.target).architecture == "qwen35"
+    for temperature in (0.0, 0.8):
+        sampling = SamplingParams(temperature=temperature)
+        plain, _ = generate(hybrid_set.target, None, 96, sampling)
+        for k in (4, "auto"):
+            with load(hybrid_set.target, head_file(hybrid_set, kind), n_ctx=N_CTX, n_threads=1) as spec:
+                assert spec.target.is_recurrent
+                generation = spec.generate(PROMPT, GenerationParams(
+                    max_tokens=96, sampling=sampling, seed=7, draft_max=k, ignore_eos=True)).complete()
+                assert generation.tokens == plain, (temperature, k)
+                assert spec.target.tokens == list(generation.context[:-1])
+            stats = generation.stats.as_dict()
+            if k == 4:
+                assert stats["drafted"] > 100 and stats["accepted"] < stats["drafted"], (temperature, stats)
 
 
 @pytest.mark.parametrize("kind", KINDS)
