@@ -267,7 +267,7 @@ class HeadFacts:
     confidence_head: bool  # DSpark: a head that predicts each position's acceptance
     sample_from_anchor: bool  # DSpark: the anchor's row is the first draft (else DFlash's layout)
     causal: bool  # block-internal attention causal (DFlash default: not)
-    selector_top_k: int  # DFlash2's candidate selector (not supported by specli: checked by the caller)
+    selector_top_k: int  # DFlash2: the candidates its selector keeps per position (0: not DFlash2)
 
 
 class HeadModel(ClosedWhenCollected):
@@ -631,8 +631,9 @@ class BlockContext(HeadContext):
             raise LlamaError(f"{head.path.name}: a DFlash drafter without a mask token "
                              "(tokenizer.ggml.mask_token_id)")
         llc.llama_set_causal_attn(self._ctx, facts.causal)
-        # DSpark's confidence head answers in the pre-norm rows (one value repeated over each).
-        llc_ext.llama_set_embeddings_nextn(self._ctx, True, True)
+        # DSpark's confidence head answers in the pre-norm rows (one value repeated over each), rows
+        # that ask for logits only; DFlash2's lattice in every row of a block, none of which asks.
+        llc_ext.llama_set_embeddings_nextn(self._ctx, True, not facts.selector_top_k)
 
     def inject(self, features: np.ndarray) -> None:
         """The target's features of the next positions, into the cache."""
@@ -655,6 +656,18 @@ class BlockContext(HeadContext):
         confidence = self._nextn(n)[:, 0].copy() if self.head.facts.confidence_head else None
         return self._logits(n), confidence
 
+    def decode_lattice(self, anchor: int, n: int) -> np.ndarray:
+        """DFlash2: [anchor, <mask> x (n - 1)] at the next positions, and the selector's lattice (a view,
+        valid until the next decode): row i >= 1 holds position i's top_k candidate ids (as floats),
+        then top_k x top_k transition scores, the scores from predecessor candidate p at p x top_k (row
+        1's are the anchor's, repeated). No row asks for logits, as llama.cpp's draft-dflash asks none:
+        the selector reads them inside the graph. The block stays in the cache until `truncate`."""
+        llc.llama_batch_ext_clear(self._batch)
+        for j in range(n):
+            self._add(self.n_past + j, token=anchor if j == 0 else self.mask_token)
+        self._process(llc.LLAMA_PROCESS_TYPE_DECODE, n)
+        return self._nextn(n)
+
 
 def head_problems(target: Model, head: HeadModel) -> list[str]:
     """Why `head` cannot draft for `target` (empty: it can): each problem names what differs."""
@@ -676,9 +689,6 @@ def head_problems(target: Model, head: HeadModel) -> list[str]:
     if hidden is not None and hidden != target.n_embd:
         problems.append(f"{name} was trained for a target of hidden size {hidden}; {target.path.name}'s is "
                         f"{target.n_embd}")
-    if facts.selector_top_k:
-        problems.append(f"{name} is a DFlash2 drafter (a candidate selector), which specli does not run yet "
-                        "(llama-server does: --spec-type draft-dflash)")
     if facts.n_vocab != target.n_vocab:
         problems.append(f"{name} has a vocabulary of {facts.n_vocab} tokens; {target.path.name}'s has "
                         f"{target.n_vocab}")

@@ -47,7 +47,7 @@ from specli_synth.trained_drafters import (
     write_trained_drafters,
 )
 
-KINDS = ("eagle3", "dflash", "dspark")
+KINDS = ("eagle3", "dflash", "dspark", "dflash2")
 N_CTX = 512
 PROMPT = "Once upon a time, there was a little fox"
 GREEDY = SamplingParams(temperature=0.0)
@@ -170,10 +170,10 @@ def hybrid_set(tmp_path_factory) -> TrainedDrafterFiles:
         suffix = "" if structured else "_random"
         files[f"eagle3{suffix}"] = write_eagle3(directory / f"eagle3{suffix}.gguf", TRAINED_TARGET, factors,
                                                 TINY_SIZES, trained.vocab, structured=structured)
-        for kind in ("dflash", "dspark"):
+        for kind in ("dflash", "dspark", "dflash2"):
             files[f"{kind}{suffix}"] = write_block_drafter(
                 directory / f"{kind}{suffix}.gguf", TRAINED_TARGET, factors, TINY_SIZES, trained.vocab,
-                dspark=kind == "dspark", structured=structured)
+                dspark=kind == "dspark", structured=structured, dflash2=kind == "dflash2")
     return TrainedDrafterFiles(**files)
 
 
@@ -416,7 +416,8 @@ def _factors():
 # -- llama.cpp's own tool runs the same files ---------------------------------------------------------
 
 TOOLS = Path(os.environ.get("SPECLI_LLAMA_TOOLS", Path.home() / ".cache" / "specli" / "llama-tools")) / "bin"
-SPEC_TYPES = {"eagle3": "draft-eagle3", "dflash": "draft-dflash", "dspark": "draft-dspark"}
+SPEC_TYPES = {"eagle3": "draft-eagle3", "dflash": "draft-dflash", "dspark": "draft-dspark",
+              "dflash2": "draft-dflash"}  # llama.cpp runs DFlash2 as DFlash
 
 
 def llama_speculative_simple(target: Path, head: Path, kind: str, n: int, k: int) -> tuple[int, int]:

@@ -8,6 +8,11 @@ block [last token, <mask> ...] is decoded at once, every row a draft position:
 * DSpark: anchor-first blocks (`dflash.sample_from_anchor`): row i is the token after position
   pending + i, a Markov head biases each row by the previous row's argmax (inside llama.cpp's graph),
   and a confidence head predicts each row's acceptance.
+* DFlash2 (`dflash.selector_top_k`): DFlash's layout; inside the graph a selector keeps each row's
+  top candidates and scores each pair of adjacent ones, and the draft is the path that takes, from the
+  anchor on, the best-scoring successor of each position's choice (as llama.cpp's draft-dflash walks
+  it). The drafts are that path's tokens, point masses (its scores are no distribution over the
+  vocabulary), and a position's confidence is the softmax of its scores at the choice.
 
 The block's positions are dropped from the cache right after, so the cache holds the committed
 positions' injected features only, as a fresh run's would. Each row's distribution is the head's own
@@ -44,6 +49,7 @@ class BlockDrafter(HeadDrafter):
         # DFlash: the anchor's row predicts nothing new, b drafts take b + 1 rows.
         self.anchor_first = facts.markov and facts.sample_from_anchor
         self.max_k = facts.block_size if self.anchor_first else facts.block_size - 1
+        self.selector_top_k = facts.selector_top_k  # DFlash2 (0: the rows' own distributions)
         self.sources = (Source(name, block=self.max_k),)
         # (_seen: the tokens of the positions whose features the cache holds.)
 
@@ -69,7 +75,8 @@ class BlockDrafter(HeadDrafter):
         # first look is a warm one, which alone settles a declined verdict (CostModel.warmed).
         kept = self.head.n_past
         try:
-            self.head.decode_block(self.head.mask_token, self._rows(self.max_k))
+            decode = self.head.decode_lattice if self.selector_top_k else self.head.decode_block
+            decode(self.head.mask_token, self._rows(self.max_k))
         finally:
             self.head.truncate(kept)
         return tuple(source.name for source in self.sources)
@@ -88,6 +95,8 @@ class BlockDrafter(HeadDrafter):
         self._inject(context)
         catch_up = self._catch_up_billed(time.perf_counter() - t0)
         try:
+            if self.selector_top_k:
+                return self._walk(self.head.decode_lattice(context[n - 1], self._rows(k)), n, gate, catch_up)
             logits, head_confidence = self.head.decode_block(context[n - 1], self._rows(k))
             rows = logits if self.anchor_first else logits[1:]
             if head_confidence is not None and not self.anchor_first:
@@ -95,6 +104,63 @@ class BlockDrafter(HeadDrafter):
             return self._propose(rows, head_confidence, n, gate, catch_up)
         finally:
             self.head.truncate(n - 1)  # the block's rows are the head's guesses, not features
+
+    def _walk(self, lattice: np.ndarray, position: int, gate: DraftGate | None, catch_up: float) -> Draft:
+        """DFlash2's path through its lattice (DFlash's layout: row 0 the anchor's; row 1's scores are
+        the anchor's whatever the predecessor). Greedy: from each choice its best-scoring successor, the
+        whole path known before p_min and the gate cut it. Sampled: each position's q is the softmax of
+        its scores (at the run's temperature) over its candidates, and the choice is drawn from it
+        (keyed as the target draws with same-as-plain), the path going on from the drawn candidate; the
+        gate and p_min judge a position before its draw, as a step drafter's. Banned ids (--ignore-eos)
+        are never chosen."""
+        top_k = self.selector_top_k
+        params = self._sampler.params
+        banned = params.banned
+        width = self.target.n_vocab
+        tokens: list[int] = []
+        probs: list[Dist] = []
+        confidence: list[float] = []
+        held = None
+        choice = 0
+        for i, row in enumerate(lattice[1:]):
+            scores = row[top_k + choice * top_k : top_k + (choice + 1) * top_k].astype(np.float64)
+            candidates = row[:top_k].astype(np.int64)
+            usable = np.isfinite(scores) & (candidates >= 0) & (candidates < width)
+            if banned:
+                usable &= ~np.isin(candidates, banned)
+            if not usable.any():
+                break  # every candidate banned (or the lattice broken): no path on from here
+            if params.greedy:
+                choice = int(np.flatnonzero(usable)[np.argmax(scores[usable])])
+                token, q = int(candidates[choice]), None
+                sure = float(1.0 / np.exp(scores[usable] - scores[choice]).sum())
+                tokens.append(token)
+                confidence.append(sure)
+                continue
+            order = np.flatnonzero(usable)
+            order = order[np.argsort(candidates[order], kind="stable")]  # ascending ids, as a Dist's
+            q = Dist(np.ascontiguousarray(candidates[order]),
+                     np.ascontiguousarray(scores[order] / params.temperature), width)
+            sure = q.top()
+            go_on = (not self.p_min or sure >= self.p_min) and (gate is None or gate(i, sure))
+            token = self._sampler.draft_draw(q, position + i, position)
+            if not go_on:
+                held = HeldPosition(token, q, sure)
+                break
+            tokens.append(token)
+            probs.append(q)
+            confidence.append(sure)
+            choice = int(order[np.searchsorted(candidates[order], token)])
+        if params.greedy:
+            n_keep = len(tokens)
+            if self.p_min:
+                n_keep = next((i for i, c in enumerate(confidence) if c < self.p_min), n_keep)
+            if gate is not None:
+                n_keep = min(n_keep, gate.best_prefix(confidence[:n_keep]))
+            if n_keep < len(tokens):
+                held = HeldPosition(tokens[n_keep], None, confidence[n_keep])
+            tokens, confidence = tokens[:n_keep], confidence[:n_keep]
+        return Draft(tokens, probs or None, self.name, confidence, held, catch_up, False)
 
     def _propose(self, rows: np.ndarray, head_confidence: np.ndarray | None, position: int,
                  gate: DraftGate | None, catch_up: float) -> Draft:

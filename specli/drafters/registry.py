@@ -146,6 +146,11 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("dspark", False, "a DSpark drafter",
                 "a trained block drafter with a Markov head and a confidence head",
                 "bright_blue", _trained_head, Equivalents("draft-dspark", None, None), takes_p_min=True),
+    # DFlash2: llama.cpp runs it as DFlash (--spec-type draft-dflash), vLLM by the checkpoint's
+    # architecture under the dflash method.
+    DrafterKind("dflash2", False, "a DFlash2 drafter",
+                "a trained block drafter that walks the best path through each position's top candidates",
+                "dark_orange", _trained_head, Equivalents("draft-dflash", "dflash", None), takes_p_min=True),
 )}
 DRAFT_MODEL = DRAFTERS["draft"]
 NGRAM_LOOKUP = DRAFTERS["ngram"]  # what --ngram puts in front of a draft model (combined drafting)
@@ -164,9 +169,9 @@ def drafter_kind(draft: str | Path | None) -> DrafterKind | None:
 
 
 def trained_kind(path: str | Path) -> str | None:
-    """"eagle3", "dflash" or "dspark" when `path` is such a drafter's GGUF (its architecture, and
-    DSpark's Markov head, as llama.cpp tells them apart), else None (a draft model, or no such file:
-    loading says what is wrong with it)."""
+    """"eagle3", "dflash", "dspark" or "dflash2" when `path` is such a drafter's GGUF (its architecture,
+    DSpark's Markov head and DFlash2's selector, as llama.cpp tells them apart), else None (a draft
+    model, or no such file: loading says what is wrong with it)."""
     path = Path(path).expanduser()
     try:
         stat = path.stat()
@@ -186,7 +191,10 @@ def _trained_kind(path: str, size: int, mtime: int) -> str | None:
     if info.architecture == "eagle3":
         return "eagle3"
     if info.architecture == "dflash":
-        return "dspark" if any(t.name == "markov_w1.weight" for t in info.all_tensors) else "dflash"
+        names = {t.name for t in info.all_tensors}
+        # As llama.cpp tells them apart (src/models/dflash.cpp): DSpark's Markov head, DFlash2's selector.
+        return "dspark" if "markov_w1.weight" in names else "dflash2" if "selector_hidden.weight" in names \
+            else "dflash"
     return None
 
 

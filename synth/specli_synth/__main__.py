@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     trained = commands.add_parser(
-        "trained-drafters", help="a Qwen3-shaped target with EAGLE-3, DFlash and DSpark drafters")
+        "trained-drafters", help="a Qwen3-shaped target with EAGLE-3, DFlash, DSpark and DFlash2 drafters")
     trained.add_argument("directory")
     trained.add_argument("--size", choices=("tiny", "bench"), default="tiny",
                          help="tiny: the tests' set (~1 s); bench: a 152k-vocabulary Q8_0 set for speed")

@@ -1,6 +1,7 @@
 """A Qwen3-shaped target and the trained drafters people download for such targets, written as the files
-llama.cpp's converter writes: an EAGLE-3 head, a DFlash block drafter and a DSpark one (DFlash with a
-Markov head and a confidence head), each structured (it predicts what the target will predict) and
+llama.cpp's converter writes: an EAGLE-3 head, a DFlash block drafter, a DSpark one (DFlash with a
+Markov head and a confidence head) and a DFlash2 one (DFlash with convolutions and a candidate
+selector), each structured (it predicts what the target will predict) and
 random (a useless head, for rollback and exactness tests).
 
     python -m specli_synth trained-drafters DIR [--size tiny|bench]
@@ -32,6 +33,13 @@ DFlashModel and DSparkModel) and ``src/models/eagle3.cpp`` / ``dflash.cpp``:
   the previous position's argmax (``markov_w2 . markov_w1[prev]`` is exactly the bigram factorization),
   the confidence head sigmoid(how sure the bigram of the previous token is, less a step where the
   previous position is a mask).
+* **dflash2** (DFlash2: ``{arch}.conv_kernel_size``, ``conv_group_size``, ``selector_rank``,
+  ``selector_top_k``): DFlash's layers with a convolution around each attention and feed-forward
+  sublayer (``blk.N.{attn,ffn}_conv_base`` and ``_conv_proj``) and a candidate selector
+  (``selector_predecessor``, ``selector_successor``, ``selector_hidden``) that walks the best path
+  through each position's top candidates. Structured: the convolutions the identity and the selector's
+  codebooks zero, so its path is DFlash's greedy draft; llama.cpp's DFlash2 reads the target's whole
+  vocabulary (no ``d2t``).
 
 Noise (random feed-forward terms, a random layer, the drafters' ignorance of the repetition penalty and
 of the sampled tokens inside a block) keeps acceptance realistic.
@@ -83,6 +91,11 @@ class DrafterSizes:
     # d2t there as well), and the heads' precomputed chains look only at it.
     reduced: bool = False
     dtype: WeightDType = "f32"
+    # DFlash2: its convolution's taps and channel group, its selector's rank and candidates a position
+    selector_top_k: int = 8
+    selector_rank: int = 8
+    conv_kernel: int = 2
+    conv_group: int = 16
 
 
 def qwen3_shapes(config: SynthModelConfig, n_vocab: int) -> dict[str, tuple[int, ...]]:
@@ -146,7 +159,8 @@ def write_gguf(path: str | Path, arch: str, name: str, vocab: Vocab, keys: Calla
         writer.add_uint32("tokenizer.ggml.mask_token_id", mask_token)
     stored: dict[str, StoredDType] = {}
     for tensor, shape in shapes.items():
-        quantizable = len(shape) > 1 and (dtype != "q8_0" or shape[-1] % 32 == 0)
+        # (DFlash2's convolution taps are added to F32 coefficients in llama.cpp's graph: kept F32)
+        quantizable = len(shape) == 2 and (dtype != "q8_0" or shape[-1] % 32 == 0)
         stored[tensor] = "i64" if tensor == "d2t" else (dtype if quantizable else "f32")
     return write_tensors(writer, path, partial, shapes, stored, weights)
 
@@ -339,6 +353,9 @@ class BlockShape:
     n_out: int  # rows of the output head: the vocabulary, or the reduced one (DSpark's d2t)
     n_embd_inp: int  # the fused target features: len(target_layers) x the target's hidden size
     markov_rank: int = 0  # DSpark: the Markov head's rank (0: DFlash)
+    selector_rank: int = 0  # DFlash2: the candidate selector's rank (0: none)
+    conv_kernel: int = 0  # DFlash2: its convolution's taps
+    conv_group: int = 0  # DFlash2: channels sharing one dynamic coefficient
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         d, width = self.n_embd, self.n_head * self.head_dim
@@ -369,6 +386,19 @@ class BlockShape:
                 "markov_w2.weight": (self.n_out, self.markov_rank),
                 "conf_proj.weight": (1, d + self.markov_rank),
                 "conf_proj.bias": (1,),
+            }
+        if self.selector_rank:
+            # llama.cpp's ggml shapes reversed: conv base {n_embd, kernel, 2} (side, tap, channel), its
+            # projection {n_embd, 2 x kernel x groups}, the selector's codebooks {rank, n_vocab}.
+            projected = 2 * self.conv_kernel * (d // self.conv_group)
+            for i in range(self.n_layer):
+                for part in ("attn", "ffn"):
+                    shapes |= {f"blk.{i}.{part}_conv_base": (2, self.conv_kernel, d),
+                               f"blk.{i}.{part}_conv_proj.weight": (projected, d)}
+            shapes |= {
+                "selector_predecessor.weight": (self.n_vocab, self.selector_rank),
+                "selector_successor.weight": (self.n_vocab, self.selector_rank),
+                "selector_hidden.weight": (self.selector_rank, d),
             }
         if self.n_out < self.n_vocab:
             shapes["d2t"] = (self.n_out,)
@@ -412,9 +442,15 @@ def _block_embedding(n_vocab: int, d: int, lay: _BlockLayout, fill: Callable[[np
 
 
 def block_weights(config: SynthModelConfig, factors: NgramFactors, sizes: DrafterSizes, vocab: Vocab,
-                  *, dspark: bool, structured: bool, seed: int, mask_token: int
+                  *, dspark: bool, structured: bool, seed: int, mask_token: int, dflash2: bool = False
                   ) -> tuple[BlockShape, Weights]:
-    """A DFlash (*dspark* False) or DSpark drafter (see the module's docstring)."""
+    """A DFlash (*dspark* False), DSpark or DFlash2 (*dflash2*: DFlash's layers with a convolution
+    around each sublayer and a candidate selector after the output head) drafter (see the module's
+    docstring)."""
+    if dflash2:
+        if dspark:
+            raise ValueError("DFlash2 is a DFlash drafter: no Markov head")
+        sizes = replace(sizes, reduced=False)  # llama.cpp's DFlash2 reads the target's whole vocabulary
     n_vocab, d_t = len(vocab), config.n_embd
     rank, skip = factors.next_row.shape[1], factors.skip_row.shape[1]
     tgt = _layout(config)
@@ -431,10 +467,13 @@ def block_weights(config: SynthModelConfig, factors: NgramFactors, sizes: Drafte
     d2t = frequent_tokens(factors, sizes.draft_vocab) if reduced else np.arange(n_vocab, dtype=np.int64)
     markov_rank = rank + 1 if dspark else 0
     shape = BlockShape(d, n_head, hd, sizes.n_ff, 2, n_vocab, len(d2t), len(sizes.dflash_layers) * d_t,
-                       markov_rank)
+                       markov_rank, *((sizes.selector_rank, sizes.conv_kernel, sizes.conv_group) if dflash2
+                                      else (0, 0, 0)))
     weights = _random_weights(shape.shapes(), seed, gain=0.5)
     if reduced:
         weights["d2t"] = lambda: d2t
+    if dflash2:
+        weights |= _dflash2_weights(shape, seed, structured)
     if dspark:
         weights["markov_w1.weight"] = random_matrix((n_vocab, markov_rank), 0.3, seed, "markov_w1")
         weights["markov_w2.weight"] = random_matrix((len(d2t), markov_rank), 0.3, seed, "markov_w2")
@@ -562,6 +601,27 @@ def block_weights(config: SynthModelConfig, factors: NgramFactors, sizes: Drafte
     return shape, weights
 
 
+def _dflash2_weights(shape: BlockShape, seed: int, structured: bool) -> Weights:
+    """DFlash2's convolutions and selector. Structured: each convolution the identity (the first tap
+    1, the second 0, no dynamic part) and the selector's codebooks zero, so that its best path takes
+    each position's best candidate: DFlash's greedy draft, through DFlash2's graph and walk. Random: a
+    convolution mixing in the previous position and a selector that reranks the candidates."""
+    weights: Weights = {}
+    for name, dims in shape.shapes().items():
+        if name.endswith("_conv_base"):
+            def base(dims: tuple[int, ...] = dims, name: str = name) -> np.ndarray:
+                taps = np.zeros(dims, np.float32)
+                taps[:, 0, :] = 1.0
+                if not structured:
+                    taps += random_matrix(dims, 0.2, seed, name)()
+                return taps
+            weights[name] = base
+        elif name.endswith("_conv_proj.weight") or name.startswith("selector_"):
+            weights[name] = (random_matrix(dims, 0.3 / np.sqrt(dims[-1]), seed, name) if not structured
+                             else (lambda dims=dims: np.zeros(dims, np.float32)))
+    return weights
+
+
 def _random_weights(shapes: Mapping[str, tuple[int, ...]], seed: int, gain: float) -> Weights:
     """Every tensor random (matrices of rms gain / sqrt(fan-in)), norms 1: a head that knows nothing."""
     weights: Weights = {}
@@ -589,12 +649,12 @@ def _confidence_logits(factors: NgramFactors, candidates: np.ndarray, chunk: int
 
 def write_block_drafter(path: str | Path, config: SynthModelConfig, factors: NgramFactors,
                         sizes: DrafterSizes, vocab: Vocab, *, dspark: bool, structured: bool = True,
-                        seed: int = 5) -> Path:
-    """A DFlash (*dspark* False) or DSpark GGUF; the vocabulary's <unk> is its mask token (the draft's
-    own embedding gives it its row)."""
+                        seed: int = 5, dflash2: bool = False) -> Path:
+    """A DFlash (*dspark* False), DSpark or DFlash2 (*dflash2*) GGUF; the vocabulary's <unk> is its
+    mask token (the draft's own embedding gives it its row)."""
     mask = vocab.unk_id
     shape, weights = block_weights(config, factors, sizes, vocab, dspark=dspark, structured=structured,
-                                   seed=seed, mask_token=mask)
+                                   seed=seed, mask_token=mask, dflash2=dflash2)
     block = sizes.dspark_block if dspark else sizes.dflash_block
 
     def keys(writer: Any, arch: str) -> None:
@@ -605,8 +665,14 @@ def write_block_drafter(path: str | Path, config: SynthModelConfig, factors: Ngr
         if dspark:
             writer.add_bool(f"{arch}.sample_from_anchor", True)
             writer.add_bool(f"{arch}.has_confidence_head", True)
+        if dflash2:  # the converter's keys from dflash_config (conv_kernel_size, ..., selector_top_k)
+            writer.add_uint32(f"{arch}.conv_kernel_size", sizes.conv_kernel)
+            writer.add_uint32(f"{arch}.conv_group_size", sizes.conv_group)
+            writer.add_uint32(f"{arch}.selector_rank", sizes.selector_rank)
+            writer.add_uint32(f"{arch}.selector_top_k", sizes.selector_top_k)
 
-    name = f"specli-synth-{'dspark' if dspark else 'dflash'}-{'structured' if structured else 'random'}"
+    kind = "dspark" if dspark else "dflash2" if dflash2 else "dflash"
+    name = f"specli-synth-{kind}-{'structured' if structured else 'random'}"
     return write_gguf(path, "dflash", name, vocab, keys, shape.shapes(), weights, sizes.dtype,
                       mask_token=mask)
 
@@ -673,6 +739,8 @@ class TrainedDrafterFiles:
     eagle3_random: Path
     dflash_random: Path
     dspark_random: Path
+    dflash2: Path | None = None  # (a set written before DFlash2 had none)
+    dflash2_random: Path | None = None
 
 
 def write_trained_drafters(directory: str | Path, *, size: str = "tiny", seed: int = 0,
@@ -712,4 +780,7 @@ def write_trained_drafters(directory: str | Path, *, size: str = "tiny", seed: i
             files[f"{kind}{suffix.replace('-', '_')}"] = write_block_drafter(
                 directory / f"{kind}{suffix}.gguf", config, factors, sizes, vocab, dspark=dspark,
                 structured=structured)
+        files[f"dflash2{suffix.replace('-', '_')}"] = write_block_drafter(
+            directory / f"dflash2{suffix}.gguf", config, factors, sizes, vocab, dspark=False,
+            structured=structured, dflash2=True)
     return TrainedDrafterFiles(**files)
