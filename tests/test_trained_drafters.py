@@ -32,6 +32,7 @@ from test_exactness import UNFILTERED, assert_mid_range, assert_no_failure, run_
 from specli import GenerationParams, SamplingParams, load
 from specli.cli import app
 from specli.drafters.registry import DRAFTERS, drafter_kind
+from specli.events import RejectedEvent, RoundEvent
 from specli.gguf_info import read_gguf_info
 from specli.llama_log import ensure_backend
 from specli.sampling import Noise, Sampler
@@ -113,6 +114,14 @@ def test_the_files_are_laid_out_as_llama_cpps_converter_writes_them(trained_draf
         if markov:
             assert info.metadata["dflash.sample_from_anchor"] is True
             assert info.metadata["dflash.has_confidence_head"] is True
+    dflash2 = read_gguf_info(trained_drafters.dflash2)
+    md, names = dflash2.metadata, {t.name: t for t in dflash2.tensors}
+    assert dflash2.architecture == "dflash" and md["dflash.selector_top_k"] == TINY_SIZES.selector_top_k
+    assert (md["dflash.conv_kernel_size"], md["dflash.conv_group_size"], md["dflash.selector_rank"]) == (
+        TINY_SIZES.conv_kernel, TINY_SIZES.conv_group, TINY_SIZES.selector_rank)
+    assert {"selector_predecessor.weight", "selector_successor.weight", "selector_hidden.weight",
+            "blk.1.attn_conv_base", "blk.1.ffn_conv_proj.weight"} <= set(names) and "d2t" not in names
+    assert names["blk.0.attn_conv_base"].type_name == "F32"  # added to F32 coefficients in the graph
     for kind in KINDS:
         for random in (False, True):
             assert drafter_kind(head_file(trained_drafters, kind, random)) is DRAFTERS[kind]
@@ -153,6 +162,25 @@ def test_same_as_plain_on_a_k_quant_target(kquant_set, kind: str) -> None:
         drafted, stats = generate(kquant_set.target, head_file(kquant_set, kind), 256, sampling)
         assert drafted == plain, temperature
         assert stats["accepted"] > 30
+
+
+def test_dflash2_walks_the_path_llama_cpp_walks(q8_set) -> None:
+    """The structured DFlash2 is the structured DFlash with identity convolutions and a selector that
+    adds nothing to its candidates' logits: its path through the lattice llama.cpp hands out must be
+    DFlash's greedy draft, round for round (a lattice read a row or a column off proposes other
+    tokens); at T 0.8 both stay exact, and the walk draws among the candidates."""
+    drafts = {}
+    for kind in ("dflash", "dflash2"):
+        with load(q8_set.target, head_file(q8_set, kind), n_ctx=N_CTX, n_threads=1) as spec:
+            events = list(spec.generate(PROMPT, GenerationParams(max_tokens=120, sampling=GREEDY, draft_max=4,
+                                                                 ignore_eos=True)))
+        drafts[kind] = [e.k for e in events if isinstance(e, RoundEvent)], \
+            [e.tokens for e in events if isinstance(e, RejectedEvent)]
+    assert drafts["dflash2"] == drafts["dflash"] and sum(drafts["dflash"][0]) > 60
+    sampling = SamplingParams(temperature=0.8)
+    plain, _ = generate(q8_set.target, None, 120, sampling)
+    sampled, stats = generate(q8_set.target, head_file(q8_set, "dflash2"), 120, sampling)
+    assert sampled == plain and 0 < stats["accepted"] < stats["drafted"]
 
 
 @pytest.fixture(scope="module")
