@@ -158,7 +158,12 @@ if left; then
     log "== models: the 152k pair, the Gemma-shaped 262k target, the trained-drafter bench set"
     timeout 200 python3 lab/build_large_vocab_pair.py "$M" > "$W/models-pair.log" 2>&1 &
     timeout 200 python3 lab/build_large_vocab_pair.py "$M" --shape gemma3 > "$W/models-gemma.log" 2>&1 &
-    timeout 200 python3 -m specli_synth trained-drafters "$M/td" --size bench > "$W/models-td.log" 2>&1 &
+    timeout 200 python3 -m specli_synth trained-drafters "$M/td" --size bench --kinds eagle3,dflash,dspark \
+        > "$W/models-td.log" 2>&1 &
+    # DFlash2's head covers the whole vocabulary (~270 MB each, the slowest to write): a set of its
+    # own, so that a slow writer costs only its stage.
+    timeout 300 python3 -m specli_synth trained-drafters "$M/td2" --size bench --kinds dflash2 \
+        > "$W/models-td2.log" 2>&1 &
     wait
     cat "$W"/models-*.log >> "$REPORT"
 fi
@@ -198,10 +203,13 @@ stage "-k auto with random heads that rest once declined (an experiment)" 120 \
     --generations 2 --rest
 
 # -- #48: the trained drafters against llama-speculative-simple --spec-type of their kind ----------------
-for head in eagle3 dflash dspark; do
-    stage "$head (structured) vs llama-speculative-simple --spec-type draft-$head (code prompt, T 0 and 0.7)" \
-        90 python3 lab/compare_llamacpp.py --no-gemma --only draft --target "$TD/target.gguf" \
-        --draft "$TD/$head.gguf" -k "${HEAD_K:-4}" --tool-k "${HEAD_TOOL_K:-2,4}" --draft-temp 0 \
+for head in eagle3 dflash dspark dflash2; do
+    set_dir=$TD
+    [ "$head" = dflash2 ] && set_dir=$M/td2
+    [ -f "$set_dir/$head.gguf" ] || { log "no $head.gguf (its writer failed): skipped"; continue; }
+    stage "$head (structured) vs llama-speculative-simple --spec-type of its kind (code prompt, T 0 and 0.7)" \
+        90 python3 lab/compare_llamacpp.py --no-gemma --only draft --target "$set_dir/target.gguf" \
+        --draft "$set_dir/$head.gguf" -k "${HEAD_K:-4}" --tool-k "${HEAD_TOOL_K:-2,4}" --draft-temp 0 \
         --draft-temp 0.7 --draft-prompt code -n "$N" --repeat "$REPEAT" -t "$THREADS" -c 4096 --tools "$B" \
         --json "$J/trained-$head.json"
 done

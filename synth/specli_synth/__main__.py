@@ -1,6 +1,6 @@
 """``python -m specli_synth COMMAND``: write synthetic model sets from the command line.
 
-    python -m specli_synth trained-drafters DIR [--size tiny|bench] [--seed N]
+    python -m specli_synth trained-drafters DIR [--size tiny|bench] [--seed N] [--kinds eagle3,dflash,...]
 """
 
 from __future__ import annotations
@@ -20,13 +20,20 @@ def main(argv: list[str] | None = None) -> int:
     trained.add_argument("--size", choices=("tiny", "bench"), default="tiny",
                          help="tiny: the tests' set (~1 s); bench: a 152k-vocabulary Q8_0 set for speed")
     trained.add_argument("--seed", type=int, default=0)
+    trained.add_argument("--kinds", default="eagle3,dflash,dspark,dflash2",
+                         help="the drafters to write, comma-separated (default: all four)")
     args = parser.parse_args(argv)
     from specli_synth.trained_drafters import write_trained_drafters
 
     started = time.perf_counter()
-    files = write_trained_drafters(args.directory, size=args.size, seed=args.seed)
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    try:
+        files = write_trained_drafters(args.directory, size=args.size, seed=args.seed, kinds=kinds)
+    except ValueError as e:
+        parser.error(str(e))
     for name, path in vars(files).items():
-        print(f"{name:14} {path}")
+        if path is not None:
+            print(f"{name:14} {path}")
     print(f"written in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 

@@ -733,23 +733,29 @@ class TrainedDrafterFiles:
     """The files of a set: a target and, per drafter, a structured and a random head."""
 
     target: Path
-    eagle3: Path
-    dflash: Path
-    dspark: Path
-    eagle3_random: Path
-    dflash_random: Path
-    dspark_random: Path
-    dflash2: Path | None = None  # (a set written before DFlash2 had none)
+    # (None: a kind the set was written without: write_trained_drafters' kinds)
+    eagle3: Path | None = None
+    dflash: Path | None = None
+    dspark: Path | None = None
+    dflash2: Path | None = None
+    eagle3_random: Path | None = None
+    dflash_random: Path | None = None
+    dspark_random: Path | None = None
     dflash2_random: Path | None = None
+
+
+# The drafters a set holds, in the order they are written.
+DRAFTER_KINDS = ("eagle3", "dflash", "dspark", "dflash2")
 
 
 def write_trained_drafters(directory: str | Path, *, size: str = "tiny", seed: int = 0,
                            target_width: int | None = None, dtype: WeightDType | None = None,
-                           ) -> TrainedDrafterFiles:
-    """Write the set into *directory* (``target.gguf``, ``eagle3.gguf``, ``dflash.gguf``, ``dspark.gguf``
-    and ``*-random.gguf``). *size* ``tiny``: the fixture vocabulary (600 tokens, statistics of the
-    fixture story), a 384-wide 4-layer target, built in about a second; ``bench``: BENCH_TARGET in Q8_0
-    (~1 GB in all, a few minutes), for measuring speed. *target_width*: another width
+                           kinds: tuple[str, ...] = DRAFTER_KINDS) -> TrainedDrafterFiles:
+    """Write the set into *directory* (``target.gguf``, ``eagle3.gguf``, ``dflash.gguf``, ``dspark.gguf``,
+    ``dflash2.gguf`` and ``*-random.gguf``; *kinds*: only those drafters). *size* ``tiny``: the
+    fixture vocabulary (600 tokens, statistics of the fixture story), a 384-wide 4-layer target, built
+    in about a second; ``bench``: BENCH_TARGET in Q8_0 (~1.6 GB in all, several minutes; DFlash2's
+    whole-vocabulary head most of it), for measuring speed. *target_width*: another width
     (512: rows K-quants take, for a target quantized afterwards). *dtype*: the matrices' (F32 by
     default; llama.cpp computes Q8_0 rows bit for bit alike in any batch, F32 ones within ~1e-6)."""
     from specli_synth.ngram_model import config_factors
@@ -769,18 +775,17 @@ def write_trained_drafters(directory: str | Path, *, size: str = "tiny", seed: i
     else:
         raise ValueError(f"unknown size {size!r}: tiny or bench")
     sizes = replace(sizes, dtype=dtype or sizes.dtype)
+    unknown = set(kinds) - set(DRAFTER_KINDS)
+    if unknown:
+        raise ValueError(f"unknown drafter kinds {sorted(unknown)}: {', '.join(DRAFTER_KINDS)}")
     target = write_qwen3_target(directory / "target.gguf", config, factors, vocab, sizes.dtype)
     files = {"target": target}
     for structured in (True, False):
         suffix = "" if structured else "-random"
-        files[f"eagle3{suffix.replace('-', '_')}"] = write_eagle3(
-            directory / f"eagle3{suffix}.gguf", config, factors, sizes, vocab, structured=structured)
-        for dspark in (False, True):
-            kind = "dspark" if dspark else "dflash"
-            files[f"{kind}{suffix.replace('-', '_')}"] = write_block_drafter(
-                directory / f"{kind}{suffix}.gguf", config, factors, sizes, vocab, dspark=dspark,
-                structured=structured)
-        files[f"dflash2{suffix.replace('-', '_')}"] = write_block_drafter(
-            directory / f"dflash2{suffix}.gguf", config, factors, sizes, vocab, dspark=False,
-            structured=structured, dflash2=True)
+        for kind in (k for k in DRAFTER_KINDS if k in kinds):
+            path = directory / f"{kind}{suffix}.gguf"
+            files[f"{kind}{suffix.replace('-', '_')}"] = (
+                write_eagle3(path, config, factors, sizes, vocab, structured=structured) if kind == "eagle3"
+                else write_block_drafter(path, config, factors, sizes, vocab, dspark=kind == "dspark",
+                                         structured=structured, dflash2=kind == "dflash2"))
     return TrainedDrafterFiles(**files)
