@@ -812,8 +812,10 @@ class AutoK(DraftPolicy):
                     f"{speed:.2f}×")
         per_position = self._watch_seconds(source)
         if source in self.rests and per_position is not None:
-            what = "its catch-up and its features" if self.costs.watch_seconds_per_token(source) else \
-                "its catch-up"
+            costs = self.costs
+            parts = [name for name, cost in (("its catch-up", costs.catch_up_seconds_per_position(source)),
+                                             ("its features", costs.watch_seconds_per_token(source))) if cost]
+            what = " and ".join(parts) or "its catch-up"
             share = 100 * per_position / t1
             text += f"; watching it would cost {share:.0f} % of a token ({what}), so it rests"
         return Holdback(cause, text, plain, rounds, best + 1, ratio, step, acceptance, speed)

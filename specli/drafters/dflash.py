@@ -9,10 +9,9 @@ block [last token, <mask> ...] is decoded at once, every row a draft position:
   pending + i, a Markov head biases each row by the previous row's argmax (inside llama.cpp's graph),
   and a confidence head predicts each row's acceptance.
 * DFlash2 (`dflash.selector_top_k`): DFlash's layout; inside the graph a selector keeps each row's
-  top candidates and scores each pair of adjacent ones, and the draft is the path that takes, from the
-  anchor on, the best-scoring successor of each position's choice (as llama.cpp's draft-dflash walks
-  it). The drafts are that path's tokens, point masses (its scores are no distribution over the
-  vocabulary), and a position's confidence is the softmax of its scores at the choice.
+  top candidates and scores each pair of adjacent ones, and the draft is a path from the anchor on:
+  greedy, the best-scoring successor of each position's choice (as llama.cpp's draft-dflash walks it);
+  sampled, a choice drawn from the softmax of those scores over the candidates (its q).
 
 The block's positions are dropped from the cache right after, so the cache holds the committed
 positions' injected features only, as a fresh run's would. Each row's distribution is the head's own
@@ -132,10 +131,8 @@ class BlockDrafter(HeadDrafter):
                 break  # every candidate banned (or the lattice broken): no path on from here
             if params.greedy:
                 choice = int(np.flatnonzero(usable)[np.argmax(scores[usable])])
-                token, q = int(candidates[choice]), None
-                sure = float(1.0 / np.exp(scores[usable] - scores[choice]).sum())
-                tokens.append(token)
-                confidence.append(sure)
+                tokens.append(int(candidates[choice]))
+                confidence.append(float(1.0 / np.exp(scores[usable] - scores[choice]).sum()))
                 continue
             order = np.flatnonzero(usable)
             order = order[np.argsort(candidates[order], kind="stable")]  # ascending ids, as a Dist's
