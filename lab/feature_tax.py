@@ -57,9 +57,13 @@ def measure(target: Path, head: Path, args: argparse.Namespace) -> None:
                 (features.resume if state else features.pause)()
                 (on if state else off).append(decode_block(model, token, keep, args.n))
         features.resume()
+        at_load = engine.costs.watch_seconds_per_token(engine.drafter.sources[0].name)
     t_on, t_off = 1000 * statistics.median(on), 1000 * statistics.median(off)
+    # What the drafter timed at load (TargetFeatures.tax, which -k auto weighs; None where a token costs
+    # more than heads.TAX_TIMED_TOKEN), beside these longer blocks.
+    load_text = "not timed" if at_load is None else f"{1000 * at_load:+.3f} ms"
     print(f"{head.name}: one-token decode {t_on:.3f} ms with the features, {t_off:.3f} without: "
-          f"{t_on - t_off:+.3f} ms ({100 * (t_on / t_off - 1):+.1f} %)", flush=True)
+          f"{t_on - t_off:+.3f} ms ({100 * (t_on / t_off - 1):+.1f} %); at load: {load_text}", flush=True)
 
 
 def main() -> int:
