@@ -649,10 +649,7 @@ class BlockContext(HeadContext):
         """[anchor, <mask> x (n - 1)] at the next positions, every row an output: their logits (a view,
         valid until the next decode) and, with a confidence head, each row's confidence. The block
         stays in the cache until `truncate`."""
-        llc.llama_batch_ext_clear(self._batch)
-        for j in range(n):
-            self._add(self.n_past + j, token=anchor if j == 0 else self.mask_token, output=True)
-        self._process(llc.LLAMA_PROCESS_TYPE_DECODE, n)
+        self._decode_block(anchor, n, output=True)
         confidence = self._nextn(n)[:, 0].copy() if self.head.facts.confidence_head else None
         return self._logits(n), confidence
 
@@ -662,11 +659,14 @@ class BlockContext(HeadContext):
         then top_k x top_k transition scores, the scores from predecessor candidate p at p x top_k (row
         1's are the anchor's, repeated). No row asks for logits, as llama.cpp's draft-dflash asks none:
         the selector reads them inside the graph. The block stays in the cache until `truncate`."""
+        self._decode_block(anchor, n, output=False)
+        return self._nextn(n)
+
+    def _decode_block(self, anchor: int, n: int, *, output: bool) -> None:
         llc.llama_batch_ext_clear(self._batch)
         for j in range(n):
-            self._add(self.n_past + j, token=anchor if j == 0 else self.mask_token)
+            self._add(self.n_past + j, token=anchor if j == 0 else self.mask_token, output=output)
         self._process(llc.LLAMA_PROCESS_TYPE_DECODE, n)
-        return self._nextn(n)
 
 
 def head_problems(target: Model, head: HeadModel) -> list[str]:

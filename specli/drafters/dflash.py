@@ -104,6 +104,16 @@ class BlockDrafter(HeadDrafter):
         finally:
             self.head.truncate(n - 1)  # the block's rows are the head's guesses, not features
 
+    def _kept_prefix(self, confidence: list[float], gate: DraftGate | None) -> int:
+        """How many of a block's positions, all known at once, to propose: up to the first below
+        --draft-p-min, then the prefix the gate prices best."""
+        n_keep = len(confidence)
+        if self.p_min:
+            n_keep = next((i for i, c in enumerate(confidence) if c < self.p_min), n_keep)
+        if gate is not None:
+            n_keep = min(n_keep, gate.best_prefix(confidence[:n_keep]))
+        return n_keep
+
     def _walk(self, lattice: np.ndarray, position: int, gate: DraftGate | None, catch_up: float) -> Draft:
         """DFlash2's path through its lattice (DFlash's layout: row 0 the anchor's; row 1's scores are
         the anchor's whatever the predecessor). Greedy: from each choice its best-scoring successor, the
@@ -136,8 +146,8 @@ class BlockDrafter(HeadDrafter):
                 continue
             order = np.flatnonzero(usable)
             order = order[np.argsort(candidates[order], kind="stable")]  # ascending ids, as a Dist's
-            q = Dist(np.ascontiguousarray(candidates[order]),
-                     np.ascontiguousarray(scores[order] / params.temperature), width)
+            ids = np.ascontiguousarray(candidates[order])
+            q = Dist(ids, np.ascontiguousarray(scores[order] / params.temperature), width)
             sure = q.top()
             go_on = (not self.p_min or sure >= self.p_min) and (gate is None or gate(i, sure))
             token = self._sampler.draft_draw(q, position + i, position)
@@ -147,13 +157,9 @@ class BlockDrafter(HeadDrafter):
             tokens.append(token)
             probs.append(q)
             confidence.append(sure)
-            choice = int(order[np.searchsorted(candidates[order], token)])
+            choice = int(order[np.searchsorted(ids, token)])
         if params.greedy:
-            n_keep = len(tokens)
-            if self.p_min:
-                n_keep = next((i for i, c in enumerate(confidence) if c < self.p_min), n_keep)
-            if gate is not None:
-                n_keep = min(n_keep, gate.best_prefix(confidence[:n_keep]))
+            n_keep = self._kept_prefix(confidence, gate)
             if n_keep < len(tokens):
                 held = HeldPosition(tokens[n_keep], None, confidence[n_keep])
             tokens, confidence = tokens[:n_keep], confidence[:n_keep]
@@ -178,11 +184,7 @@ class BlockDrafter(HeadDrafter):
                 confidence.append(float(head_confidence[i]))
             else:
                 confidence.append(q.top() if q is not None else top_probability(row))
-        n_keep = len(rows)
-        if self.p_min:
-            n_keep = next((i for i, c in enumerate(confidence) if c < self.p_min), n_keep)
-        if gate is not None:
-            n_keep = min(n_keep, gate.best_prefix(confidence[:n_keep]))
+        n_keep = self._kept_prefix(confidence, gate)
 
         def draw(i: int) -> int:
             q = qs[i]
