@@ -669,6 +669,109 @@ class BlockContext(HeadContext):
         self._process(llc.LLAMA_PROCESS_TYPE_DECODE, n)
 
 
+class AssistantContext(SideContext):
+    """A Gemma 4 assistant (llama.cpp's gemma4-assistant, run by its draft-mtp): a few layers over
+    [the target's embedding of a token ; a hidden state], whose attention reads the target's own KV
+    cache (its last sliding-window layer and its last full one), so it writes no cache of its own and
+    has nothing to roll back. Every step of a draft is decoded at the position of the round's pending
+    token: the first with the target's post-norm hidden state of the position before, each next one
+    with the assistant's own output state (common/speculative.cpp's shared-memory mode)."""
+
+    def __init__(self, head: HeadModel, target: Model) -> None:
+        self.head = head
+        super().__init__(head._model, target, label=f"the assistant {head.path.name}",
+                         n_embd=target.n_embd, n_vocab=head.facts.n_vocab,
+                         ctx_type=llc.LLAMA_CONTEXT_TYPE_MTP, n_batch=8)
+        llc_ext.llama_set_embeddings_nextn(self._ctx, True, True)
+        self._zeros = np.zeros(target.n_embd, dtype=np.float32)
+
+    def step(self, token: int, pos: int, hidden: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """`token` at `pos` read with `hidden` (None: zeros, position 0 has no state before it): the
+        logits there (a view, valid until the next step) and the state to read with the token drawn
+        from them (a copy)."""
+        row = self._zeros if hidden is None else np.ascontiguousarray(hidden, dtype=np.float32)
+        llc.llama_batch_ext_clear(self._batch)
+        self._add(pos, token=token, embd=row, output=True)
+        self._process(llc.LLAMA_PROCESS_TYPE_DECODE, 0)  # the target's cache: nothing of its own
+        return self._logits(1)[0], self._nextn(1)[0].copy()
+
+    # Its cache is the target's, which the target keeps: nothing to resync, truncate or reset (llama.cpp
+    # would clear the target's cells with a clear of this context's memory, which shares them).
+    def _resync(self) -> None:
+        pass
+
+    def truncate(self, n_keep: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        super().close()
+        self.head.close()
+
+
+def assistant_problems(target: Model, head: HeadModel) -> list[str]:
+    """Why the Gemma 4 assistant `head` cannot draft for `target` (empty: it can): the target it was
+    trained for (architecture, hidden size, vocabulary) and the target layers whose KV cache its
+    layers read (llama.cpp's: the last sliding-window layer and the last full one)."""
+    from specli.gguf_info import read_gguf_info
+
+    name = head.path.name
+    if target.architecture != "gemma4":
+        return [f"{name} is a Gemma 4 assistant; {target.path.name} is a {target.architecture} model, "
+                "and the assistant reads a Gemma 4 target's KV cache"]
+    problems = []
+    hidden = int(llc.llama_model_n_embd_out(head._model))
+    if hidden != target.n_embd:
+        problems.append(f"{name} was trained for a target of hidden size {hidden}; {target.path.name}'s is "
+                        f"{target.n_embd}")
+    problems += _vocabulary_problems(target, head)
+    try:
+        t_meta, h_meta = read_gguf_info(target.path).metadata, read_gguf_info(head.path).metadata
+    except Exception:
+        return problems
+    n_layer = target.n_layer
+    t_swa, h_swa = _per_layer(t_meta, "gemma4.attention.sliding_window_pattern", n_layer), \
+        _per_layer(h_meta, "gemma4-assistant.attention.sliding_window_pattern", None)
+    if n_layer < 2 or t_swa is None or not t_swa[n_layer - 2] or t_swa[n_layer - 1]:
+        problems.append(f"{target.path.name}'s layers {n_layer - 2} and {n_layer - 1} are not a "
+                        "sliding-window layer and a full one, whose caches a Gemma 4 assistant reads")
+        return problems
+    for swa, shared in ((True, n_layer - 2), (False, n_layer - 1)):
+        if h_swa is not None and swa not in h_swa:
+            continue
+        suffix = "_swa" if swa else ""
+        t_dim = _scalar(t_meta.get(f"gemma4.attention.key_length{suffix}"))
+        h_dim = _scalar(h_meta.get(f"gemma4-assistant.attention.key_length{suffix}"))
+        if t_dim is not None and h_dim is not None and t_dim != h_dim:
+            problems.append(f"{name}'s {'sliding-window' if swa else 'full'} layers have heads of {h_dim}; "
+                            f"{target.path.name}'s layer {shared}, whose cache they read, has {t_dim}")
+        t_kv = _per_layer(t_meta, "gemma4.attention.head_count_kv", n_layer)
+        h_kv = _per_layer(h_meta, "gemma4-assistant.attention.head_count_kv", None)
+        if t_kv is not None and h_kv is not None and h_swa is not None:
+            wanted = {int(h_kv[i]) for i in range(min(len(h_kv), len(h_swa))) if h_swa[i] == swa}
+            if wanted and wanted != {int(t_kv[shared])}:
+                kind = "sliding-window" if swa else "full"
+                problems.append(f"{name}'s {kind} layers read {sorted(wanted)} KV heads; "
+                                f"{target.path.name}'s layer {shared} has {int(t_kv[shared])}")
+    return problems
+
+
+def _scalar(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _per_layer(meta: dict, key: str, n_layer: int | None) -> list | None:
+    """A per-layer key (an array, or one value for every layer; n_layer None: an array only)."""
+    value = meta.get(key)
+    if isinstance(value, list | tuple):
+        return list(value)
+    if n_layer is not None and isinstance(value, int | float | bool):
+        return [value] * n_layer
+    return None
+
+
 def head_problems(target: Model, head: HeadModel) -> list[str]:
     """Why `head` cannot draft for `target` (empty: it can): each problem names what differs."""
     facts, name = head.facts, head.path.name
@@ -689,14 +792,17 @@ def head_problems(target: Model, head: HeadModel) -> list[str]:
     if hidden is not None and hidden != target.n_embd:
         problems.append(f"{name} was trained for a target of hidden size {hidden}; {target.path.name}'s is "
                         f"{target.n_embd}")
-    if facts.n_vocab != target.n_vocab:
-        problems.append(f"{name} has a vocabulary of {facts.n_vocab} tokens; {target.path.name}'s has "
-                        f"{target.n_vocab}")
-    else:
-        step = max(1, facts.n_vocab // 2000)
-        differ = next((i for i in range(0, facts.n_vocab, step)
-                       if head.token_text(i) != target.token_text(i)), None)
-        if differ is not None:
-            problems.append(f"{name}'s token {differ} is {head.token_text(differ)!r}, "
-                            f"{target.path.name}'s is {target.token_text(differ)!r}: another vocabulary")
-    return problems
+    return problems + _vocabulary_problems(target, head)
+
+
+def _vocabulary_problems(target: Model, head: HeadModel) -> list[str]:
+    """A head's vocabulary against the target's: its size, then every few-thousandth token's text."""
+    n_vocab, name = head.facts.n_vocab, head.path.name
+    if n_vocab != target.n_vocab:
+        return [f"{name} has a vocabulary of {n_vocab} tokens; {target.path.name}'s has {target.n_vocab}"]
+    step = max(1, n_vocab // 2000)
+    differ = next((i for i in range(0, n_vocab, step) if head.token_text(i) != target.token_text(i)), None)
+    if differ is None:
+        return []
+    return [f"{name}'s token {differ} is {head.token_text(differ)!r}, "
+            f"{target.path.name}'s is {target.token_text(differ)!r}: another vocabulary"]

@@ -182,14 +182,20 @@ def test_reserved_drafter_names_cannot_name_a_model(name: str, tmp_path: Path) -
         load_config(path)
 
 
-def test_the_registry_builds_each_drafter(fixture_models, trained_drafters) -> None:
+def test_the_registry_builds_each_drafter(fixture_models, trained_drafters, tmp_path: Path) -> None:
     """Each entry's factory, through api.load as every front end uses it: the drafter it builds names
     its tokens with the entry's name, or refuses the target with a message naming the way out. A
     trained drafter's file says what it is (--draft FILE)."""
+    from specli_synth.gemma4 import write_gemma4_set
+
+    gemma4 = write_gemma4_set(tmp_path)
     for name, kind in DRAFTERS.items():
         target, draft = fixture_models.target, fixture_models.draft if not kind.reserved else name
         if hasattr(trained_drafters, name):
             target, draft = trained_drafters.target, getattr(trained_drafters, name)
+        elif hasattr(gemma4, name):
+            target, draft = gemma4.target, getattr(gemma4, name)
+        if not kind.reserved and not kind.uses_model:
             assert drafter_kind(draft) is kind
         try:
             spec = load(target, draft, n_ctx=256, n_threads=1)

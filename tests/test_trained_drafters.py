@@ -445,7 +445,8 @@ def _factors():
 
 TOOLS = Path(os.environ.get("SPECLI_LLAMA_TOOLS", Path.home() / ".cache" / "specli" / "llama-tools")) / "bin"
 SPEC_TYPES = {"eagle3": "draft-eagle3", "dflash": "draft-dflash", "dspark": "draft-dspark",
-              "dflash2": "draft-dflash"}  # llama.cpp runs DFlash2 as DFlash
+              "dflash2": "draft-dflash",  # llama.cpp runs DFlash2 as DFlash
+              "assistant": "draft-mtp"}  # and Gemma 4's assistant as MTP (tests/test_gemma4_assistant.py)
 
 
 def llama_speculative_simple(target: Path, head: Path, kind: str, n: int, k: int) -> tuple[int, int]:

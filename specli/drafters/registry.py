@@ -115,6 +115,26 @@ def _trained_head(kind: DrafterKind, req: BuildRequest) -> Drafter:
         raise
 
 
+def _assistant(kind: DrafterKind, req: BuildRequest) -> Drafter:
+    """A Gemma 4 assistant beside the loaded target: checked against it (architecture, hidden size,
+    vocabulary, the layers whose cache it reads), then its drafter."""
+    from specli.drafters.assistant import AssistantDrafter
+    from specli.heads import HeadModel, assistant_problems
+
+    assert req.draft_path is not None
+    target = req.target
+    head = HeadModel(req.draft_path, req.draft_options())
+    try:
+        problems = assistant_problems(target, head)
+        if problems:
+            raise ValueError(f"{req.draft_path.name} cannot draft for {target.path.name}: "
+                             f"{'; '.join(problems)}")
+    except BaseException:
+        head.close()
+        raise
+    return AssistantDrafter(target, head, kind.name, p_min=req.p_min)
+
+
 def _ngram(kind: DrafterKind, req: BuildRequest) -> Drafter:
     from specli.drafters.ngram import NGramDrafter
 
@@ -151,6 +171,11 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("dflash2", False, "a DFlash2 drafter",
                 "a trained block drafter that walks the best path through each position's top candidates",
                 "dark_orange", _trained_head, Equivalents("draft-dflash", "dflash", None), takes_p_min=True),
+    # Gemma 4's assistant: llama.cpp's draft-mtp with the file as -md, vLLM's mtp with it as the model.
+    DrafterKind("assistant", False, "a Gemma 4 assistant",
+                "a trained drafter that reads the target's KV cache and last hidden state",
+                "bright_green", _assistant, Equivalents("draft-mtp", "mtp", None), loads_target_mtp=True,
+                takes_p_min=True),
 )}
 DRAFT_MODEL = DRAFTERS["draft"]
 NGRAM_LOOKUP = DRAFTERS["ngram"]  # what --ngram puts in front of a draft model (combined drafting)
@@ -169,9 +194,9 @@ def drafter_kind(draft: str | Path | None) -> DrafterKind | None:
 
 
 def trained_kind(path: str | Path) -> str | None:
-    """"eagle3", "dflash", "dspark" or "dflash2" when `path` is such a drafter's GGUF (its architecture,
-    DSpark's Markov head and DFlash2's selector, as llama.cpp tells them apart), else None (a draft
-    model, or no such file: loading says what is wrong with it)."""
+    """"eagle3", "dflash", "dspark", "dflash2" or "assistant" (Gemma 4's) when `path` is such a drafter's
+    GGUF (its architecture, DSpark's Markov head and DFlash2's selector, as llama.cpp tells them apart),
+    else None (a draft model, or no such file: loading says what is wrong with it)."""
     path = Path(path).expanduser()
     try:
         stat = path.stat()
@@ -190,6 +215,8 @@ def _trained_kind(path: str, size: int, mtime: int) -> str | None:
         return None
     if info.architecture == "eagle3":
         return "eagle3"
+    if info.architecture == "gemma4-assistant":
+        return "assistant"
     if info.architecture == "dflash":
         names = {t.name for t in info.all_tensors}
         # As llama.cpp tells them apart (src/models/dflash.cpp): DSpark's Markov head, DFlash2's selector.

@@ -1,6 +1,7 @@
 """``python -m specli_synth COMMAND``: write synthetic model sets from the command line.
 
     python -m specli_synth trained-drafters DIR [--size tiny|bench] [--seed N] [--kinds eagle3,dflash,...]
+    python -m specli_synth gemma4 DIR [--seed N] [--dtype f32|q8_0]
 """
 
 from __future__ import annotations
@@ -22,18 +23,29 @@ def main(argv: list[str] | None = None) -> int:
     trained.add_argument("--seed", type=int, default=0)
     trained.add_argument("--kinds", default="eagle3,dflash,dspark,dflash2",
                          help="the drafters to write, comma-separated (default: all four)")
+    gemma4 = commands.add_parser(
+        "gemma4", help="a Gemma 4 target with its Gemma 4 assistant (structured and random)")
+    gemma4.add_argument("directory")
+    gemma4.add_argument("--seed", type=int, default=0)
+    gemma4.add_argument("--dtype", choices=("f32", "q8_0"), default="f32")
     args = parser.parse_args(argv)
-    from specli_synth.trained_drafters import write_trained_drafters
 
     started = time.perf_counter()
-    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
-    try:
-        files = write_trained_drafters(args.directory, size=args.size, seed=args.seed, kinds=kinds)
-    except ValueError as e:
-        parser.error(str(e))
+    if args.command == "gemma4":
+        from specli_synth.gemma4 import write_gemma4_set
+
+        files = write_gemma4_set(args.directory, seed=args.seed, dtype=args.dtype)
+    else:
+        from specli_synth.trained_drafters import write_trained_drafters
+
+        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+        try:
+            files = write_trained_drafters(args.directory, size=args.size, seed=args.seed, kinds=kinds)
+        except ValueError as e:
+            parser.error(str(e))
     for name, path in vars(files).items():
         if path is not None:
-            print(f"{name:14} {path}")
+            print(f"{name:16} {path}")
     print(f"written in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 

@@ -5,7 +5,8 @@
 // The drafter registry's colours (rich's names) as CSS colours.
 const CSS_COLOURS = {green: "var(--accepted)", yellow: "var(--corrected)", cyan: "var(--bonus)",
                      magenta: "#d67ad6", blue: "#6aa0f8", red: "#f0707a",
-                     bright_magenta: "#f29bf2", bright_blue: "#9cc2ff", dark_orange: "#f5a05a"};
+                     bright_magenta: "#f29bf2", bright_blue: "#9cc2ff", dark_orange: "#f5a05a",
+                     bright_green: "#a6e57a"};
 const ORIGINS = ["accepted", "corrected", "bonus", "plain"];
 
 const $ = (id) => document.getElementById(id);

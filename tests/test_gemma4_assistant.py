@@ -1,0 +1,296 @@
+"""Gemma 4's assistant (a `gemma4-assistant` GGUF, llama.cpp's draft-mtp in its shared-memory mode).
+
+The files are synth's (specli_synth.gemma4): a Gemma 4 target and an assistant in the layouts llama.cpp
+loads, the assistant structured (it predicts what the target will predict, from the target's hidden
+state and its KV cache) or random. What is checked: the file is recognised and run by itself; same-as-
+plain prints --no-draft's tokens (F32 and Q4_K_M targets, greedy and T 0.8); the rejection rule follows
+the target; after a generation with rejections the assistant's next draft is a fresh run's, bit for
+bit, and a wrong hidden state or one wrong cache row changes it (the check can fail); an assistant for
+another target is refused with what differs; llama.cpp's own tool accepts as often on the same files,
+and the exported llama-server command drafts with them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from support import BONUS_ROW, POSITION_RULES, assert_one_line_error, bonus_law, position_law, specli
+from test_bench_server import LLAMA_SERVER, _free_port, _wait_healthy, needs_llama_server, runner, stop_server
+from test_exactness import UNFILTERED, assert_mid_range, assert_no_failure, run_trials, tv_failure, unless
+from test_trained_drafters import llama_speculative_simple
+
+from specli import GenerationParams, SamplingParams, load
+from specli.cli import app
+from specli.drafters.registry import DRAFTERS, drafter_kind
+from specli.gguf_info import read_gguf_info
+from specli.llama_log import ensure_backend
+from specli.sampling import Noise, Sampler
+from specli_synth.gemma4 import Gemma4Files, Gemma4Sizes, write_gemma4_set
+
+N_CTX = 512
+PROMPT = "Once upon a time, there was a little fox"
+GREEDY = SamplingParams(temperature=0.0)
+Q4_K_M = 15  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory) -> Gemma4Files:
+    return write_gemma4_set(tmp_path_factory.mktemp("gemma4"))
+
+
+@pytest.fixture(scope="module")
+def gemma4_q8(tmp_path_factory) -> Gemma4Files:
+    """Q8_0: llama.cpp computes a row bit for bit alike in any batch (an F32 one may differ by ~1e-6)."""
+    return write_gemma4_set(tmp_path_factory.mktemp("gemma4-q8"), dtype="q8_0")
+
+
+@pytest.fixture(scope="module")
+def gemma4_kquant(tmp_path_factory) -> Gemma4Files:
+    """A 256-wide set (rows K-quants take), the target quantized to Q4_K_M by llama.cpp."""
+    directory = tmp_path_factory.mktemp("gemma4-kquant")
+    files = write_gemma4_set(directory, sizes=Gemma4Sizes(n_embd=256, n_ff=512, assistant_embd=128))
+    out = directory / "gemma4-target-q4_k_m.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = Q4_K_M, 2
+    ensure_backend()
+    done = llama_cpp.llama_model_quantize(str(files.target).encode(), str(out).encode(), ctypes.byref(params))
+    assert done == 0
+    return replace(files, target=out)
+
+
+def assistant(files: Gemma4Files, random: bool = False) -> Path:
+    return files.assistant_random if random else files.assistant
+
+
+def generate(target: Path, draft: Path | None, tokens: int, sampling: SamplingParams, *, seed: int = 7,
+             k: int | str = 4, same_as_plain: bool = True) -> tuple[list[int], dict]:
+    with load(target, draft, n_ctx=N_CTX, n_threads=1) as spec:
+        generation = spec.generate(PROMPT, GenerationParams(
+            max_tokens=tokens, sampling=sampling, seed=seed, draft_max=k, same_as_plain=same_as_plain,
+            ignore_eos=True)).complete()
+        return generation.tokens, generation.stats.as_dict()
+
+
+def test_the_assistant_file_is_recognised_and_drafts_by_itself(gemma4) -> None:
+    info = read_gguf_info(gemma4.assistant)
+    assert info.architecture == "gemma4-assistant"
+    assert {"nextn.pre_projection.weight", "nextn.post_projection.weight"} <= {t.name for t in info.tensors}
+    assert info.metadata["gemma4-assistant.embedding_length_out"] == \
+        read_gguf_info(gemma4.target).metadata["gemma4.embedding_length"]
+    assert drafter_kind(gemma4.assistant) is DRAFTERS["assistant"]
+    _, stats = generate(gemma4.target, gemma4.assistant, 64, GREEDY)
+    assert stats["accepted_by_drafter"].keys() == {"assistant"} and stats["acceptance_rate"] > 0.4
+
+
+def test_python_m_specli_synth_writes_the_set(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "specli_synth", "gemma4", str(tmp_path / "set")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    written = sorted(p.name for p in (tmp_path / "set").iterdir())
+    assert written == ["gemma4-assistant-random.gguf", "gemma4-assistant.gguf", "gemma4-target.gguf"]
+
+
+# -- exact --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "T0.8"])
+@pytest.mark.parametrize("random", [False, True], ids=["structured", "random"])
+def test_same_as_plain_prints_no_drafts_tokens(gemma4, random: bool, temperature: float) -> None:
+    sampling = SamplingParams(temperature=temperature)
+    plain, _ = generate(gemma4.target, None, 256, sampling)
+    drafted, stats = generate(gemma4.target, assistant(gemma4, random), 256, sampling)
+    assert drafted == plain
+    assert stats["drafted"] > 100 and (stats["accepted"] > 50 or random)
+
+
+def test_same_as_plain_on_a_k_quant_target(gemma4_kquant) -> None:
+    """Q4_K_M: llama.cpp computes a batch with other kernels than one token; with batch-invariant
+    arithmetic (the default) the verify rows are plain decoding's, seeded and greedy alike."""
+    for temperature in (0.0, 0.8):
+        sampling = SamplingParams(temperature=temperature)
+        plain, _ = generate(gemma4_kquant.target, None, 256, sampling)
+        drafted, stats = generate(gemma4_kquant.target, gemma4_kquant.assistant, 256, sampling)
+        assert drafted == plain, temperature
+        assert stats["accepted"] > 30
+
+
+def test_a_seeded_rejection_rule_run_repeats_itself(gemma4) -> None:
+    sampling = SamplingParams(temperature=0.8)
+    first = generate(gemma4.target, gemma4.assistant, 128, sampling, seed=3, same_as_plain=False)
+    again = generate(gemma4.target, gemma4.assistant, 128, sampling, seed=3, same_as_plain=False)
+    assert first[0] == again[0] and first[1]["accepted"] > 10
+
+
+def test_the_rejection_rule_follows_the_target_with_the_assistant(gemma4) -> None:
+    """k = 1, the rejection rule: position 1 is the assistant's draw from its own q, accepted with
+    min(1, p/q), else drawn from the residual; when it is accepted the bonus comes from p after it.
+    Each plausible wrong rule (resample from p or q, an unnormalised residual, the bonus from the
+    wrong row) would be caught."""
+    from sampling_reference import process_logits
+
+    with load(gemma4.target, gemma4.assistant, n_ctx=N_CTX, n_threads=1) as spec:
+        target, drafter = spec.target, spec.drafter
+        sampling = replace(UNFILTERED, banned=target.eog_tokens())
+        prompt = target.tokenize(FIRST_PROMPT)
+
+        def p(context: list[int]) -> np.ndarray:
+            target.reset()
+            row = target.decode(context, outputs="last")[0]
+            return process_logits(row, sampling, out_width=target.n_vocab).astype(np.float64)
+
+        p1 = p(prompt)
+        target.truncate(len(prompt) - 1)
+        drafter.begin(prompt, Sampler(sampling, Noise(0), False))
+        q1 = drafter.draft(prompt, 1).probs[0].dense().astype(np.float64)
+        assert_mid_range(position_law(p1, q1).acceptance, "position 1")
+        wrong = {rule: position_law(p1, q1, rule=rule).total for rule in POSITION_RULES}
+        target.reset()
+        trials = run_trials(spec, prompt, 1500, draft_max=1, max_tokens=2)
+        d1 = int(np.argmax(np.minimum(p1, q1)))  # the likeliest accepted draft
+        full = [t for t in trials if t.rounds[0].accepted == 1 and t.tokens[0] == d1]
+        p2 = p([*prompt, d1])
+    assert_no_failure(
+        tv_failure((t.tokens[0] for t in trials), p1, wrong, "position 1"),
+        tv_failure((t.tokens[1] for t in full), p2, {BONUS_ROW: bonus_law(p2, p1, BONUS_ROW)},
+                   f"bonus | {d1}"),
+        unless(all(t.rounds[0].k == 1 and t.rounds[0].drafter == "assistant" for t in trials), "no draft"),
+    )
+
+
+FIRST_PROMPT = "The sun"  # position 1: acceptance 0.41, every wrong rule >= 3 null thresholds away
+
+
+# -- what it reads after rejections --------------------------------------------------------------------
+
+
+def next_draft(spec, context: list[int]) -> list[np.ndarray]:
+    """The assistant's distributions for the next round after `context`, under unfiltered sampling."""
+    spec.drafter.begin(context, Sampler(UNFILTERED, Noise(0), False))
+    return [q.dense() for q in spec.drafter.draft(context, 4).probs]
+
+
+@pytest.mark.parametrize("random", [False, True], ids=["structured", "random"])
+def test_after_rejections_a_draft_is_a_fresh_runs(gemma4_q8, random: bool, monkeypatch) -> None:
+    """The assistant keeps nothing of its own: it reads the target's KV cache and hidden state. After
+    100 greedy tokens with k = 4 (drafts accepted in part and rejected after) its next draft equals,
+    bit for bit, the draft of one that loads the committed context afresh (Q8_0: no batch shape
+    changes a row); with the hidden state of the position before, or one cache row of another token,
+    it does not (the check can fail)."""
+    head = assistant(gemma4_q8, random)
+    with load(gemma4_q8.target, head, n_ctx=N_CTX, n_threads=1) as spec:
+        generation = spec.generate(PROMPT, GenerationParams(max_tokens=100, sampling=GREEDY, draft_max=4,
+                                                            ignore_eos=True)).complete()
+        stats = generation.stats.as_dict()
+        assert stats["accepted"] < stats["drafted"] and (random or stats["accepted"] > 20)
+        context = list(generation.context)
+        kept = next_draft(spec, context)
+        target = spec.target
+        with monkeypatch.context() as patch:
+            rows = target.hidden_rows
+            patch.setattr(target, "hidden_rows", lambda start, stop: rows(start - 1, stop - 1))
+            wrong_h = next_draft(spec, context)
+        n = len(context)
+        target.truncate(n - 3)
+        target.decode([context[n - 2], context[n - 2]], outputs="none")  # position n - 3 holds another token
+        wrong_row = next_draft(spec, context)
+    with load(gemma4_q8.target, head, n_ctx=N_CTX, n_threads=1) as fresh:
+        fresh.target.decode(context[:-1], outputs="none")
+        expected = next_draft(fresh, context)
+    assert len(kept) == len(expected) == 4
+    assert all(np.array_equal(a, b) for a, b in zip(kept, expected, strict=True))
+    for spoilt in (wrong_h, wrong_row):
+        assert not all(np.array_equal(a, b) for a, b in zip(spoilt, expected, strict=True))
+
+
+# -- refusals -----------------------------------------------------------------------------------------
+
+
+def test_an_assistant_for_another_target_is_refused_with_what_differs(gemma4, gemma4_kquant, trained_drafters,
+                                                                      tmp_path: Path) -> None:
+    proc = specli("run", "--target", str(trained_drafters.target), "--draft", str(gemma4.assistant),
+                  "-n", "4", "hi", cwd=tmp_path)
+    assert_one_line_error(proc, 1, "gemma4-assistant.gguf cannot draft for target.gguf",
+                          "is a Gemma 4 assistant", "target.gguf is a qwen3 model")
+    proc = specli("run", "--target", str(gemma4_kquant.target), "--draft", str(gemma4.assistant),
+                  "-n", "4", "hi", cwd=tmp_path)
+    assert_one_line_error(proc, 1, "trained for a target of hidden size 128",
+                          "gemma4-target-q4_k_m.gguf's is 256")
+
+
+# -- llama.cpp runs the same files --------------------------------------------------------------------
+
+
+def test_llama_speculative_simple_accepts_as_specli_does(gemma4) -> None:
+    """llama.cpp's own tool runs the pair with --spec-type draft-mtp; greedy, k = 4, the acceptance
+    rates agree within 2 points."""
+    drafted, accepted = llama_speculative_simple(gemma4.target, gemma4.assistant, "assistant", 200, 4)
+    _, stats = generate(gemma4.target, gemma4.assistant, 200, GREEDY)
+    ours = stats["accepted"] / stats["drafted"]
+    assert drafted > 100 and abs(ours - accepted / drafted) <= 0.02, (ours, accepted / drafted)
+
+
+def test_export_names_each_engine_s_equivalent(gemma4) -> None:
+    def export(engine: str) -> dict:
+        result = runner.invoke(app, ["export", "--to", engine, "--json", "-m", str(gemma4.target),
+                                     "--draft", str(gemma4.assistant), "-k", "3"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    argv = export("llama-server")["argv"]
+    assert argv[argv.index("--spec-type") + 1] == "draft-mtp"
+    assert argv[argv.index("-md") + 1] == str(gemma4.assistant)
+    vllm = export("vllm")["argv"]
+    config = json.loads(vllm[vllm.index("--speculative-config") + 1])
+    assert config == {"method": "mtp", "model": "HF_DRAFT_REPO", "num_speculative_tokens": 3}
+    sglang = export("sglang")
+    assert "--speculative-algorithm" not in sglang["argv"]
+    assert any("(assistant): the command serves without speculative decoding" in n for n in sglang["notes"])
+
+
+@needs_llama_server
+def test_the_exported_llama_server_command_drafts_with_the_assistant(gemma4, tmp_path: Path) -> None:
+    port = _free_port()
+    args = ["-m", str(gemma4.target), "--draft", str(gemma4.assistant), "-k", "4", "--temp", "0", "-c", "512",
+            "-t", "1", "--port", str(port)]
+    exported = runner.invoke(app, ["export", "--to", "llama-server", "--json", *args], catch_exceptions=False)
+    assert exported.exit_code == 0, exported.output
+    argv = json.loads(exported.stdout)["argv"]
+    log = tmp_path / "llama-server.log"
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(LLAMA_SERVER), *argv[1:]], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "GGML_CPU_TILED_MM": "0"})
+    try:
+        _wait_healthy(proc, url, log)
+        request = urllib.request.Request(
+            url + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
+            data=json.dumps({"prompt": PROMPT, "max_tokens": 48, "temperature": 0}).encode())
+        with urllib.request.urlopen(request, timeout=120) as r:
+            reply = json.loads(r.read())
+        assert reply["timings"].get("draft_n", 0) > 0, reply["timings"]
+    finally:
+        stop_server(proc)
+
+
+def test_bench_runs_the_assistant(gemma4, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "-m", str(gemma4.target), "--draft", str(gemma4.assistant),
+                                 "-k", "2", "--temp", "0", "-n", "24", "--repeat", "1", "-c", "512",
+                                 "-t", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "gemma4-assistant.gguf (a trained drafter that reads the target's" in text, text
+    assert "draft: assistant " in text and "ms/token" in text
+    [config] = json.loads(out.read_text())["configs"]
+    assert config["acceptance_rate"] > 0.3
