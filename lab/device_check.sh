@@ -20,11 +20,12 @@
 # load check (lab/load_variants.py) - models, written here by three processes at once (83 s): the
 # 152k-vocabulary pair and a Gemma-3-270M-shaped 262k-vocabulary target (lab/build_large_vocab_pair.py),
 # synth's trained-drafter bench set (a 152k target with EAGLE-3, DFlash and DSpark heads, structured and
-# random) - llama-bench tg128 of every target - plain decoding against llama-bench and llama-server with
+# random), synth's Gemma 4 bench set (a 262k target and its assistants) - llama-bench tg128 of every target - plain decoding against llama-bench and llama-server with
 # the filters in the graph (auto on a GPU) and on the host (lab/host_work.py, #51) - what a declined
 # random head costs: its features' share of the target's decode (lab/feature_tax.py), -k auto with it,
 # and with a declined head resting at once (lab/head_auto_check.py [--rest], #48) - each structured head
-# against llama-speculative-simple --spec-type of its kind (lab/compare_llamacpp.py, #48) - a draft step
+# against llama-speculative-simple --spec-type of its kind (lab/compare_llamacpp.py, #48) - the Gemma 4
+# assistant against llama-speculative-simple --spec-type draft-mtp, and a random one under -k auto - a draft step
 # of each drafter against llama.cpp's and the time outside llama_decode (lab/host_work.py) - `specli
 # bench` of the pair (the verify curve, k 4/8/auto at T 0 and 0.7) - with NATIVE_CHECK=1 /
 # FROM_SOURCE_CHECK=1, the H200 load crash's two checks of 2026-11-28. The JSON of every stage comes back
@@ -164,6 +165,8 @@ if left; then
     # own, so that a slow writer costs only its stage.
     timeout 300 python3 -m specli_synth trained-drafters "$M/td2" --size bench --kinds dflash2 \
         > "$W/models-td2.log" 2>&1 &
+    # A Gemma 4 target (262k vocabulary) and its assistants (~12 s and 2.4 GB here on the CPU)
+    timeout 200 python3 -m specli_synth gemma4 "$M/g4" --size bench > "$W/models-g4.log" 2>&1 &
     wait
     cat "$W"/models-*.log >> "$REPORT"
 fi
@@ -177,7 +180,7 @@ mkdir -p "$J"
 
 # -- llama-bench: every model, tg128 and pp512 ---------------------------------------------------------
 models=()
-for m in "$T" "$D" "$G" "$TD/target.gguf"; do [ -f "$m" ] && models+=(-m "$m"); done
+for m in "$T" "$D" "$G" "$TD/target.gguf" "$M/g4/gemma4-target.gguf"; do [ -f "$m" ] && models+=(-m "$m"); done
 stage "llama-bench" 120 "$B/llama-bench" "${models[@]}" -ngl "$NGL" -t "$THREADS" -p 512 -n 128 -r 3 -o md
 
 # -- #51: plain decoding vs llama-bench and llama-server, the filters in the graph (auto on a GPU) and on
@@ -213,6 +216,21 @@ for head in eagle3 dflash dspark dflash2; do
         --draft-temp 0.7 --draft-prompt code -n "$N" --repeat "$REPEAT" -t "$THREADS" -c 4096 --tools "$B" \
         --json "$J/trained-$head.json"
 done
+
+# -- #48: Gemma 4's assistant against llama-speculative-simple --spec-type draft-mtp, and -k auto with a
+# random one against the target alone ---------------------------------------------------------------------
+if [ -f "$M/g4/gemma4-assistant.gguf" ]; then
+    stage "Gemma 4 assistant (structured) vs llama-speculative-simple --spec-type draft-mtp (code prompt, T 0 and 0.7)" \
+        90 python3 lab/compare_llamacpp.py --no-gemma --only draft --target "$M/g4/gemma4-target.gguf" \
+        --draft "$M/g4/gemma4-assistant.gguf" -k "${HEAD_K:-4}" --tool-k "${HEAD_TOOL_K:-2,4}" --draft-temp 0 \
+        --draft-temp 0.7 --draft-prompt code -n "$N" --repeat "$REPEAT" -t "$THREADS" -c 4096 --tools "$B" \
+        --json "$J/trained-assistant.json"
+    stage "-k auto with a random Gemma 4 assistant vs the target alone" 60 \
+        python3 lab/head_auto_check.py "$M/g4" --target gemma4-target.gguf --heads gemma4-assistant-random \
+        --prompts short --repeat "$REPEAT" -t "$THREADS" -n "$N" --generations 2
+else
+    log "no gemma4-assistant.gguf (its writer failed): the assistant's stages skipped"
+fi
 
 # -- #51: a draft step of each drafter against llama.cpp's; the time outside llama_decode ----------------
 stage "draft steps vs llama-speculative-simple" 150 \

@@ -3,6 +3,7 @@
     python -m specli_synth trained-drafters TD --size bench
     python lab/head_auto_check.py TD --heads eagle3-random dflash-random dspark-random --repeat 3
     python lab/head_auto_check.py TD --generations 1 --temp 0.8 --keep-cache --repeat 5   # one-shot runs
+    python lab/head_auto_check.py G4 --target gemma4-target.gguf --heads gemma4-assistant-random
 
 Each process loads TD/target.gguf alone (`plain`) or with one head and runs `--generations` generations
 of `-n` tokens over one prompt (T `--temp` with the commands' default filters, top-k 40, top-p 0.95,
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace, head: str | None, prompt: str) -> dict:
     with tempfile.TemporaryDirectory() as fresh:
         cache = str(args.caches / (head or "plain")) if args.keep_cache else fresh
         env = dict(os.environ, SPECLI_CACHE_DIR=cache, HEAD_AUTO_REST="1" if args.rest else "0")
-        command = [sys.executable, __file__, "--child", str(args.dir / "target.gguf"),
+        command = [sys.executable, __file__, "--child", str(args.dir / args.target),
                    str(args.dir / f"{head}.gguf") if head else "-", prompt, str(args.n),
                    str(args.generations), str(args.threads), str(args.temp)]
         out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
@@ -92,6 +93,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path, help="a folder from `python -m specli_synth trained-drafters`")
     parser.add_argument("--heads", nargs="+", default=["eagle3-random", "dflash-random", "dspark-random"])
+    parser.add_argument("--target", default="target.gguf",
+                        help="the target's file in DIR (`python -m specli_synth gemma4`: gemma4-target.gguf)")
     parser.add_argument("--prompts", nargs="+", default=["short", "code"], choices=sorted(PROMPT_CHOICES))
     parser.add_argument("-n", type=int, default=256)
     parser.add_argument("--generations", type=int, default=4)

@@ -12,35 +12,34 @@ and the exported llama-server command drafts with them.
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
 import subprocess
 import sys
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 import pytest
-from support import BONUS_ROW, POSITION_RULES, assert_one_line_error, bonus_law, position_law, specli
-from test_bench_server import LLAMA_SERVER, _free_port, _wait_healthy, needs_llama_server, runner, stop_server
-from test_exactness import UNFILTERED, assert_mid_range, assert_no_failure, run_trials, tv_failure, unless
-from test_trained_drafters import llama_speculative_simple
+from support import assert_one_line_error, specli
+from test_bench_server import needs_llama_server, runner
+from test_trained_drafters import (
+    N_CTX,
+    PROMPT,
+    check_the_exported_llama_server,
+    check_the_rejection_rule,
+    generate,
+    llama_speculative_simple,
+    next_draft,
+    quantized_q4_k_m,
+)
 
 from specli import GenerationParams, SamplingParams, load
 from specli.cli import app
 from specli.drafters.registry import DRAFTERS, drafter_kind
 from specli.gguf_info import read_gguf_info
-from specli.llama_log import ensure_backend
-from specli.sampling import Noise, Sampler
 from specli_synth.gemma4 import Gemma4Files, Gemma4Sizes, write_gemma4_set
 
-N_CTX = 512
-PROMPT = "Once upon a time, there was a little fox"
 GREEDY = SamplingParams(temperature=0.0)
-Q4_K_M = 15  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 
 @pytest.fixture(scope="module")
@@ -59,26 +58,11 @@ def gemma4_kquant(tmp_path_factory) -> Gemma4Files:
     """A 256-wide set (rows K-quants take), the target quantized to Q4_K_M by llama.cpp."""
     directory = tmp_path_factory.mktemp("gemma4-kquant")
     files = write_gemma4_set(directory, sizes=Gemma4Sizes(n_embd=256, n_ff=512, assistant_embd=128))
-    out = directory / "gemma4-target-q4_k_m.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype, params.nthread = Q4_K_M, 2
-    ensure_backend()
-    done = llama_cpp.llama_model_quantize(str(files.target).encode(), str(out).encode(), ctypes.byref(params))
-    assert done == 0
-    return replace(files, target=out)
+    return replace(files, target=quantized_q4_k_m(files.target, directory / "gemma4-target-q4_k_m.gguf"))
 
 
 def assistant(files: Gemma4Files, random: bool = False) -> Path:
     return files.assistant_random if random else files.assistant
-
-
-def generate(target: Path, draft: Path | None, tokens: int, sampling: SamplingParams, *, seed: int = 7,
-             k: int | str = 4, same_as_plain: bool = True) -> tuple[list[int], dict]:
-    with load(target, draft, n_ctx=N_CTX, n_threads=1) as spec:
-        generation = spec.generate(PROMPT, GenerationParams(
-            max_tokens=tokens, sampling=sampling, seed=seed, draft_max=k, same_as_plain=same_as_plain,
-            ignore_eos=True)).complete()
-        return generation.tokens, generation.stats.as_dict()
 
 
 def test_the_assistant_file_is_recognised_and_drafts_by_itself(gemma4) -> None:
@@ -136,47 +120,13 @@ def test_the_rejection_rule_follows_the_target_with_the_assistant(gemma4) -> Non
     min(1, p/q), else drawn from the residual; when it is accepted the bonus comes from p after it.
     Each plausible wrong rule (resample from p or q, an unnormalised residual, the bonus from the
     wrong row) would be caught."""
-    from sampling_reference import process_logits
-
-    with load(gemma4.target, gemma4.assistant, n_ctx=N_CTX, n_threads=1) as spec:
-        target, drafter = spec.target, spec.drafter
-        sampling = replace(UNFILTERED, banned=target.eog_tokens())
-        prompt = target.tokenize(FIRST_PROMPT)
-
-        def p(context: list[int]) -> np.ndarray:
-            target.reset()
-            row = target.decode(context, outputs="last")[0]
-            return process_logits(row, sampling, out_width=target.n_vocab).astype(np.float64)
-
-        p1 = p(prompt)
-        target.truncate(len(prompt) - 1)
-        drafter.begin(prompt, Sampler(sampling, Noise(0), False))
-        q1 = drafter.draft(prompt, 1).probs[0].dense().astype(np.float64)
-        assert_mid_range(position_law(p1, q1).acceptance, "position 1")
-        wrong = {rule: position_law(p1, q1, rule=rule).total for rule in POSITION_RULES}
-        target.reset()
-        trials = run_trials(spec, prompt, 1500, draft_max=1, max_tokens=2)
-        d1 = int(np.argmax(np.minimum(p1, q1)))  # the likeliest accepted draft
-        full = [t for t in trials if t.rounds[0].accepted == 1 and t.tokens[0] == d1]
-        p2 = p([*prompt, d1])
-    assert_no_failure(
-        tv_failure((t.tokens[0] for t in trials), p1, wrong, "position 1"),
-        tv_failure((t.tokens[1] for t in full), p2, {BONUS_ROW: bonus_law(p2, p1, BONUS_ROW)},
-                   f"bonus | {d1}"),
-        unless(all(t.rounds[0].k == 1 and t.rounds[0].drafter == "assistant" for t in trials), "no draft"),
-    )
+    check_the_rejection_rule(gemma4.target, gemma4.assistant, FIRST_PROMPT, "assistant")
 
 
 FIRST_PROMPT = "The sun"  # position 1: acceptance 0.41, every wrong rule >= 3 null thresholds away
 
 
 # -- what it reads after rejections --------------------------------------------------------------------
-
-
-def next_draft(spec, context: list[int]) -> list[np.ndarray]:
-    """The assistant's distributions for the next round after `context`, under unfiltered sampling."""
-    spec.drafter.begin(context, Sampler(UNFILTERED, Noise(0), False))
-    return [q.dense() for q in spec.drafter.draft(context, 4).probs]
 
 
 @pytest.mark.parametrize("random", [False, True], ids=["structured", "random"])
@@ -259,28 +209,7 @@ def test_export_names_each_engine_s_equivalent(gemma4) -> None:
 
 @needs_llama_server
 def test_the_exported_llama_server_command_drafts_with_the_assistant(gemma4, tmp_path: Path) -> None:
-    port = _free_port()
-    args = ["-m", str(gemma4.target), "--draft", str(gemma4.assistant), "-k", "4", "--temp", "0", "-c", "512",
-            "-t", "1", "--port", str(port)]
-    exported = runner.invoke(app, ["export", "--to", "llama-server", "--json", *args], catch_exceptions=False)
-    assert exported.exit_code == 0, exported.output
-    argv = json.loads(exported.stdout)["argv"]
-    log = tmp_path / "llama-server.log"
-    url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([str(LLAMA_SERVER), *argv[1:]], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, "GGML_CPU_TILED_MM": "0"})
-    try:
-        _wait_healthy(proc, url, log)
-        request = urllib.request.Request(
-            url + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
-            data=json.dumps({"prompt": PROMPT, "max_tokens": 48, "temperature": 0}).encode())
-        with urllib.request.urlopen(request, timeout=120) as r:
-            reply = json.loads(r.read())
-        assert reply["timings"].get("draft_n", 0) > 0, reply["timings"]
-    finally:
-        stop_server(proc)
+    check_the_exported_llama_server(gemma4.target, gemma4.assistant, "draft-mtp", tmp_path)
 
 
 def test_bench_runs_the_assistant(gemma4, tmp_path: Path) -> None:

@@ -72,13 +72,17 @@ def kquant_set(tmp_path_factory) -> TrainedDrafterFiles:
     """The set for a 512-wide target (rows K-quants take), the target quantized to Q4_K_M by llama.cpp."""
     directory = tmp_path_factory.mktemp("trained-kquant")
     files = write_trained_drafters(directory, target_width=512)
-    out = directory / "target-q4_k_m.gguf"
+    return replace(files, target=quantized_q4_k_m(files.target, directory / "target-q4_k_m.gguf"))
+
+
+def quantized_q4_k_m(source: Path, out: Path) -> Path:
+    """`source` quantized to Q4_K_M by llama.cpp, at `out`."""
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype, params.nthread = Q4_K_M, 2
     ensure_backend()
-    done = llama_cpp.llama_model_quantize(str(files.target).encode(), str(out).encode(), ctypes.byref(params))
+    done = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params))
     assert done == 0
-    return replace(files, target=out)
+    return out
 
 
 def generate(target: Path, draft: Path | None, tokens: int, sampling: SamplingParams, *, seed: int = 7,
@@ -243,12 +247,18 @@ def test_the_rejection_rule_follows_the_target_with_each_head(trained_drafters, 
     row), accepted with min(1, p/q), else drawn from the residual; when it is accepted the bonus comes
     from p after it. Each plausible wrong rule (resample from p or q, an unnormalised residual, the
     bonus from the wrong row) would be caught."""
+    check_the_rejection_rule(trained_drafters.target, head_file(trained_drafters, kind), FIRST_PROMPT, kind)
+
+
+def check_the_rejection_rule(target_path: Path, head: Path, first_prompt: str, drafter: str) -> None:
+    """The rejection rule's first position and bonus with `head` follow the target's distribution after
+    `first_prompt` (chosen so that position 1's acceptance is mid-range and each wrong rule is caught)."""
     from sampling_reference import process_logits
 
-    with load(trained_drafters.target, head_file(trained_drafters, kind), n_ctx=N_CTX, n_threads=1) as spec:
-        target, drafter = spec.target, spec.drafter
+    with load(target_path, head, n_ctx=N_CTX, n_threads=1) as spec:
+        target, drafter_ = spec.target, spec.drafter
         sampling = replace(UNFILTERED, banned=target.eog_tokens())
-        prompt = target.tokenize(FIRST_PROMPT)
+        prompt = target.tokenize(first_prompt)
 
         def p(context: list[int]) -> np.ndarray:
             target.reset()
@@ -257,13 +267,13 @@ def test_the_rejection_rule_follows_the_target_with_each_head(trained_drafters, 
 
         p1 = p(prompt)
         target.truncate(len(prompt) - 1)
-        drafter.reset()
-        drafter.begin(prompt, Sampler(sampling, Noise(0), False))
-        q1 = drafter.draft(prompt, 1).probs[0].dense().astype(np.float64)
+        drafter_.reset()
+        drafter_.begin(prompt, Sampler(sampling, Noise(0), False))
+        q1 = drafter_.draft(prompt, 1).probs[0].dense().astype(np.float64)
         assert_mid_range(position_law(p1, q1).acceptance, "position 1")
         wrong = {rule: position_law(p1, q1, rule=rule).total for rule in POSITION_RULES}
         target.reset()
-        drafter.reset()
+        drafter_.reset()
         trials = run_trials(spec, prompt, 1500, draft_max=1, max_tokens=2)
         d1 = int(np.argmax(np.minimum(p1, q1)))  # the likeliest accepted draft
         full = [t for t in trials if t.rounds[0].accepted == 1 and t.tokens[0] == d1]
@@ -272,7 +282,7 @@ def test_the_rejection_rule_follows_the_target_with_each_head(trained_drafters, 
         tv_failure((t.tokens[0] for t in trials), p1, wrong, "position 1"),
         tv_failure((t.tokens[1] for t in full), p2, {BONUS_ROW: bonus_law(p2, p1, BONUS_ROW)},
                    f"bonus | {d1}"),
-        unless(all(t.rounds[0].k == 1 and t.rounds[0].drafter == kind for t in trials), "no draft"),
+        unless(all(t.rounds[0].k == 1 and t.rounds[0].drafter == drafter for t in trials), "no draft"),
     )
 
 
@@ -491,14 +501,20 @@ def test_the_exported_llama_server_command_speculates_with_the_same_file(trained
                                                                          kind: str) -> None:
     """`specli export --to llama-server` with a trained head: -md FILE --spec-type draft-<kind>, and the
     server it starts drafts with it (timings' draft_n > 0)."""
+    check_the_exported_llama_server(trained_drafters.target, head_file(trained_drafters, kind),
+                                    SPEC_TYPES[kind], tmp_path)
+
+
+def check_the_exported_llama_server(target: Path, head: Path, spec_type: str, tmp_path: Path) -> None:
+    """The llama-server command `specli export` prints for `head` names it with `spec_type`, and the
+    server it starts drafts with it (timings' draft_n > 0)."""
     port = _free_port()
-    head = head_file(trained_drafters, kind)
-    args = ["-m", str(trained_drafters.target), "--draft", str(head), "-k", "4", "--temp", "0", "-c", "512",
-            "-t", "1", "--port", str(port)]
+    args = ["-m", str(target), "--draft", str(head), "-k", "4", "--temp", "0", "-c", "512", "-t", "1",
+            "--port", str(port)]
     exported = runner.invoke(app, ["export", "--to", "llama-server", "--json", *args], catch_exceptions=False)
     assert exported.exit_code == 0, exported.output
     argv = json.loads(exported.stdout)["argv"]
-    assert argv[argv.index("--spec-type") + 1] == SPEC_TYPES[kind]
+    assert argv[argv.index("--spec-type") + 1] == spec_type
     assert argv[argv.index("-md") + 1] == str(head)
     log = tmp_path / "llama-server.log"
     url = f"http://127.0.0.1:{port}"

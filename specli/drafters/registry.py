@@ -93,46 +93,31 @@ def _draft_model(kind: DrafterKind, req: BuildRequest) -> Drafter:
 
 
 def _trained_head(kind: DrafterKind, req: BuildRequest) -> Drafter:
-    """A trained head (EAGLE-3, DFlash, DSpark) beside the loaded target: checked against it (hidden
-    size, layers, vocabulary), then the drafter its architecture runs."""
+    """A trained drafter (EAGLE-3, DFlash, DSpark, Gemma 4's assistant) beside the loaded target: checked
+    against it (hidden size, layers, vocabulary; the caches an assistant reads), then the drafter its
+    architecture runs."""
+    from specli.drafters.assistant import AssistantDrafter
     from specli.drafters.dflash import BlockDrafter
     from specli.drafters.eagle3 import Eagle3Drafter
-    from specli.heads import HeadModel, head_problems
+    from specli.heads import HeadModel, assistant_problems, head_problems
 
     assert req.draft_path is not None
     target = req.target
     head = HeadModel(req.draft_path, req.draft_options())
     try:
-        problems = head_problems(target, head)
+        assistant = head.facts.architecture == "gemma4-assistant"
+        problems = (assistant_problems if assistant else head_problems)(target, head)
         if problems:
             raise ValueError(f"{req.draft_path.name} cannot draft for {target.path.name}: "
                              f"{'; '.join(problems)}")
+        if assistant:
+            return AssistantDrafter(target, head, kind.name, p_min=req.p_min)
         if head.facts.architecture == "eagle3":
             return Eagle3Drafter(target, head, kind.name, p_min=req.p_min)
         return BlockDrafter(target, head, kind.name, p_min=req.p_min)
     except BaseException:
         head.close()
         raise
-
-
-def _assistant(kind: DrafterKind, req: BuildRequest) -> Drafter:
-    """A Gemma 4 assistant beside the loaded target: checked against it (architecture, hidden size,
-    vocabulary, the layers whose cache it reads), then its drafter."""
-    from specli.drafters.assistant import AssistantDrafter
-    from specli.heads import HeadModel, assistant_problems
-
-    assert req.draft_path is not None
-    target = req.target
-    head = HeadModel(req.draft_path, req.draft_options())
-    try:
-        problems = assistant_problems(target, head)
-        if problems:
-            raise ValueError(f"{req.draft_path.name} cannot draft for {target.path.name}: "
-                             f"{'; '.join(problems)}")
-    except BaseException:
-        head.close()
-        raise
-    return AssistantDrafter(target, head, kind.name, p_min=req.p_min)
 
 
 def _ngram(kind: DrafterKind, req: BuildRequest) -> Drafter:
@@ -174,7 +159,7 @@ DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
     # Gemma 4's assistant: llama.cpp's draft-mtp with the file as -md, vLLM's mtp with it as the model.
     DrafterKind("assistant", False, "a Gemma 4 assistant",
                 "a trained drafter that reads the target's KV cache and last hidden state",
-                "bright_green", _assistant, Equivalents("draft-mtp", "mtp", None), loads_target_mtp=True,
+                "bright_green", _trained_head, Equivalents("draft-mtp", "mtp", None), loads_target_mtp=True,
                 takes_p_min=True),
 )}
 DRAFT_MODEL = DRAFTERS["draft"]

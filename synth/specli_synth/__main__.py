@@ -1,7 +1,7 @@
 """``python -m specli_synth COMMAND``: write synthetic model sets from the command line.
 
     python -m specli_synth trained-drafters DIR [--size tiny|bench] [--seed N] [--kinds eagle3,dflash,...]
-    python -m specli_synth gemma4 DIR [--seed N] [--dtype f32|q8_0]
+    python -m specli_synth gemma4 DIR [--size tiny|bench] [--seed N] [--dtype f32|q8_0]
 """
 
 from __future__ import annotations
@@ -26,15 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     gemma4 = commands.add_parser(
         "gemma4", help="a Gemma 4 target with its Gemma 4 assistant (structured and random)")
     gemma4.add_argument("directory")
+    gemma4.add_argument("--size", choices=("tiny", "bench"), default="tiny",
+                        help="tiny: the tests' set (~0.2 s); bench: Gemma's 262k vocabulary, Q8_0 (~12 s)")
     gemma4.add_argument("--seed", type=int, default=0)
-    gemma4.add_argument("--dtype", choices=("f32", "q8_0"), default="f32")
+    gemma4.add_argument("--dtype", choices=("f32", "q8_0"), default=None,
+                        help="the matrices' (default: F32 for tiny, Q8_0 for bench)")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
     if args.command == "gemma4":
         from specli_synth.gemma4 import write_gemma4_set
 
-        files = write_gemma4_set(args.directory, seed=args.seed, dtype=args.dtype)
+        files = write_gemma4_set(args.directory, size=args.size, seed=args.seed, dtype=args.dtype)
     else:
         from specli_synth.trained_drafters import write_trained_drafters
 

@@ -53,12 +53,24 @@ logits ~ bigram(current) + skip-bigram(previous) + unigram - repetition penalty
   cache moves its logits (llama-speculative-simple at temperature 0, draft max 3: ~55-65 % accepted,
   F32 or Q8_0). *random*: every matrix random (a useless head for rollback and exactness tests), the
   same shapes and KV layout.
+
+``write_gemma4_set(DIR, size="bench")`` (GEMMA4_BENCH_SIZES, Q8_0, for measuring speed): Gemma's
+262,144-token vocabulary (:func:`~specli_synth.vocab.piece_vocab`, random statistics from
+:func:`~specli_synth.trained_drafters.random_factors` with BENCH_TARGET's ranks: 64 bigram factors, 16
+skip-bigram ones, 8 seen dims), a target 640 wide with 8 layers (7 sliding-window of window 512, the
+last full), 4 query heads of 128 over 1 KV head, feed-forward 2048 (~10 ms a token on 2 CPU cores, its
+output head most of it), and assistants 256 wide with 4 layers ``[swa, swa, swa, full]``: the first
+sliding layer is the previous-token head, the others random attention (small noise, as the
+feed-forward blocks), the full one the uniform head. The random factors are all alike in weight, so
+the structured assistant's head knows 63 of the 64 (llama-speculative-simple at temperature 0, draft
+max 3: ~50-60 % accepted).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +81,8 @@ from specli_synth.gguf_writer import WeightDType, add_attention_keys
 from specli_synth.ngram_model import config_factors, factor_scales, random_matrix
 from specli_synth.ngram_stats import NgramFactors
 from specli_synth.rope_heads import peak_weights, peaked_query_key, qk_norm_weight, to_neox
-from specli_synth.trained_drafters import write_gguf
-from specli_synth.vocab import Vocab
+from specli_synth.trained_drafters import BENCH_TARGET, random_factors, write_gguf
+from specli_synth.vocab import Vocab, piece_vocab
 
 Weights = dict[str, Callable[[], np.ndarray]]
 
@@ -98,6 +110,9 @@ class Gemma4Sizes:
     assistant_rank: int = 24  # the bigram factors the structured assistant's head knows
     kv_share: float = 0.3  # the share of the skip-bigram term it reads from the shared KV, not h
     seen_pad: float = 2.0  # the constant beside the token codes in the seen values (times |z|)
+    # None: the fixture vocabulary (600 tokens) and its story's statistics; a size: piece_vocab(n_vocab)
+    # and random statistics (random_factors with BENCH_TARGET's ranks, seen dims and penalty)
+    n_vocab: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_layer < 2:
@@ -106,9 +121,40 @@ class Gemma4Sizes:
             raise ValueError("llama.cpp requires the assistant's width to differ from the target's")
         if self.n_head % self.n_head_kv:
             raise ValueError("n_head must be a multiple of n_head_kv")
+        if all(self.assistant_swa) or not any(self.assistant_swa):
+            raise ValueError("the assistant needs a sliding-window layer and a full-attention one")
+
+    def assistant_roles(self) -> list[str]:
+        """Each assistant layer's attention: ``previous`` (its first sliding layer: the previous-token
+        head), ``seen`` (its last full layer: the uniform one), ``noise`` (any other: random)."""
+        first_swa = self.assistant_swa.index(True)
+        last_full = len(self.assistant_swa) - 1 - self.assistant_swa[::-1].index(False)
+        return ["previous" if i == first_swa else "seen" if i == last_full else "noise"
+                for i in range(len(self.assistant_swa))]
 
 
 GEMMA4_SIZES = Gemma4Sizes()
+
+# A target shaped like a small real Gemma (Gemma 3 270M's width, vocabulary and feed-forward, fewer
+# layers and narrower heads) whose one-token decode costs ~10 ms on 2 CPU cores in Q8_0 (its
+# 262,144-token output head most of it), and an assistant a quarter as wide, as Google's are beside
+# their targets: four layers [swa, swa, swa, full], its own head over the whole vocabulary.
+GEMMA4_BENCH_SIZES = Gemma4Sizes(
+    n_embd=640,
+    n_layer=8,
+    n_head=4,
+    n_head_kv=1,
+    head_dim=128,
+    n_ff=2048,
+    sliding_window=512,
+    n_ctx_train=32768,
+    noise_gain=0.01,
+    assistant_embd=256,
+    assistant_swa=(True, True, True, False),
+    assistant_ff=1024,
+    assistant_rank=63,  # of 64 random factors, each as strong as any other: ~50-60 % accepted
+    n_vocab=262_144,
+)
 
 
 @dataclass(frozen=True)
@@ -206,19 +252,27 @@ class Gemma4Design:
     def assistant_rms(self) -> float:
         s = self.sizes
         skip = self.skip_energy()
+        n_noise = len(s.assistant_swa) + s.assistant_roles().count("noise")  # feed-forward, attention
         energy = (s.n_embd + skip + s.kv_share**2 * (self.skip_norm**2 - skip) + self.seen_const**2
-                  + len(s.assistant_swa) * s.noise_gain**2 * s.assistant_embd)
+                  + n_noise * s.noise_gain**2 * s.assistant_embd)
         return float(np.sqrt(energy / s.assistant_embd))
 
 
 def gemma4_design(seed: int = 0, sizes: Gemma4Sizes = GEMMA4_SIZES) -> Gemma4Design:
-    """The fixture story's statistics (FIXTURE_TARGET's ranks) laid out for a target of *sizes*."""
-    trained = fixture_vocab()
-    config = replace(FIXTURE_TARGET, n_embd=sizes.n_embd, n_layer=sizes.n_layer, n_head=sizes.n_head,
-                     n_head_kv=sizes.n_head_kv, n_ff=sizes.n_ff, seed=FIXTURE_TARGET.seed + 1000 * seed,
-                     name="specli-gemma4-target")
-    factors = config_factors(trained, config)
-    layout = _Layout.of(factors.next_row.shape[1], factors.skip_row.shape[1], config.seen_dims,
+    """The fixture story's statistics (FIXTURE_TARGET's ranks) laid out for a target of *sizes*; with
+    ``sizes.n_vocab``, random statistics over a piece vocabulary of that size (BENCH_TARGET's ranks)."""
+    if sizes.n_vocab is None:
+        trained = fixture_vocab()
+        config = replace(FIXTURE_TARGET, n_embd=sizes.n_embd, n_layer=sizes.n_layer, n_head=sizes.n_head,
+                         n_head_kv=sizes.n_head_kv, n_ff=sizes.n_ff, seed=FIXTURE_TARGET.seed + 1000 * seed,
+                         name="specli-gemma4-target")
+        vocab, factors = trained.vocab, config_factors(trained, config)
+        seen_dims, seen_penalty, stats_seed = config.seen_dims, config.seen_penalty, config.seed
+    else:
+        stats_seed = BENCH_TARGET.seed + 1000 * seed
+        vocab, factors = _random_statistics(sizes.n_vocab, stats_seed)
+        seen_dims, seen_penalty = BENCH_TARGET.seen_dims, BENCH_TARGET.seen_penalty
+    layout = _Layout.of(factors.next_row.shape[1], factors.skip_row.shape[1], seen_dims,
                         min(sizes.n_embd, sizes.assistant_embd))
     if layout.used > sizes.assistant_embd or layout.used > sizes.n_embd:
         raise ValueError(f"the layout needs {layout.used} dims; the widths are too small")
@@ -227,13 +281,20 @@ def gemma4_design(seed: int = 0, sizes: Gemma4Sizes = GEMMA4_SIZES) -> Gemma4Des
     a, b = factor_scales(factors, sizes.n_embd)
     skip_norm = float(np.linalg.norm(factors.skip_row * b, axis=1).max()) * 1.0001
     code_norm = float(np.sqrt(0.05 * sizes.n_embd))
-    codes = np.random.default_rng([config.seed, 0xC0DE]).standard_normal(
-        (len(trained.vocab), layout.seen), dtype=np.float32)
+    codes = np.random.default_rng([stats_seed, 0xC0DE]).standard_normal(
+        (len(vocab), layout.seen), dtype=np.float32)
     codes *= np.float32(code_norm) / np.maximum(np.linalg.norm(codes, axis=1, keepdims=True), 1e-6)
     w = peak_weights(sizes.head_dim, sizes.rope_base_swa, sizes.sliding_window, [1], margin=8.0)
     q_vec, k_vec = peaked_query_key(sizes.head_dim, w, 1, sizes.rope_base_swa)
-    return Gemma4Design(sizes, trained.vocab, factors, layout, seed, a, b, skip_norm, code_norm, codes,
-                        config.seen_penalty, q_vec, k_vec)
+    return Gemma4Design(sizes, vocab, factors, layout, seed, a, b, skip_norm, code_norm, codes,
+                        seen_penalty, q_vec, k_vec)
+
+
+@lru_cache(maxsize=1)
+def _random_statistics(n_vocab: int, seed: int) -> tuple[Vocab, NgramFactors]:
+    """A piece vocabulary of *n_vocab* tokens and random statistics over it (BENCH_TARGET's ranks);
+    cached, since the target and both assistants of a set are built from the same ones."""
+    return piece_vocab(n_vocab), random_factors(n_vocab, BENCH_TARGET.rank, BENCH_TARGET.skip_rank, seed)
 
 
 # -- shapes ---------------------------------------------------------------------------------------------
@@ -481,9 +542,9 @@ def gemma4_assistant_weights(design: Gemma4Design, *, structured: bool = True, s
         "nextn.pre_projection.weight": pre_projection,
         "nextn.post_projection.weight": post_projection,
     }
-    for i, swa in enumerate(s.assistant_swa):
-        _noise_block(weights, shapes, i, seed, s.noise_gain, attention=False)
-        if swa:  # the previous-token query over the target's layer n-2 cache: kv_share of the skip term
+    for i, role in enumerate(s.assistant_roles()):
+        _noise_block(weights, shapes, i, seed, s.noise_gain, attention=role == "noise")
+        if role == "previous":  # the previous-token query over the target's layer n-2 cache: kv_share
             weights |= {
                 f"blk.{i}.attn_q.weight": _head_rows(design.q_vec, width_q, d, lay.const, hd),
                 f"blk.{i}.attn_q_norm.weight": _ones(hd, qk_norm_weight(design.q_vec)[0] / np.sqrt(hd)),
@@ -491,7 +552,7 @@ def gemma4_assistant_weights(design: Gemma4Design, *, structured: bool = True, s
                 f"blk.{i}.post_attention_norm.weight": _slot_norm(
                     d, skip_dims, s.kv_share * design.skip_norm / np.sqrt(d)),
             }
-        else:  # uniform over the target's layer n-1 cache (its keys are zero): the seen slot
+        elif role == "seen":  # uniform over the target's layer n-1 cache (its keys are zero): the seen slot
             weights |= {
                 f"blk.{i}.attn_q.weight": lambda: np.zeros((width_q, d), np.float32),
                 f"blk.{i}.attn_output.weight": _copy_matrix((d, width_q), seen_dims, np.arange(lay.seen + 1)),
@@ -564,10 +625,18 @@ class Gemma4Files:
     assistant_random: Path
 
 
-def write_gemma4_set(directory: str | Path, *, seed: int = 0, dtype: WeightDType = "f32",
-                     sizes: Gemma4Sizes = GEMMA4_SIZES) -> Gemma4Files:
+def write_gemma4_set(directory: str | Path, *, size: str = "tiny", seed: int = 0,
+                     dtype: WeightDType | None = None, sizes: Gemma4Sizes | None = None) -> Gemma4Files:
     """Write ``gemma4-target.gguf``, ``gemma4-assistant.gguf`` and ``gemma4-assistant-random.gguf`` into
-    *directory* (well under a second each)."""
+    *directory*. *size* ``tiny``: GEMMA4_SIZES over the fixture vocabulary, F32 by default (well under a
+    second each); ``bench``: GEMMA4_BENCH_SIZES (262,144 tokens, random statistics), Q8_0 by default
+    (~0.5 GB in all, under a minute), for measuring speed. *sizes*: other shapes (instead of the
+    size's); *dtype*: the matrices' (``f32``, ``f16`` or ``q8_0``)."""
+    if size not in _SET_SIZES:
+        raise ValueError(f"unknown size {size!r}: {' or '.join(_SET_SIZES)}")
+    default_sizes, default_dtype = _SET_SIZES[size]
+    sizes = sizes or default_sizes
+    dtype = dtype or default_dtype
     directory = Path(directory)
     return Gemma4Files(
         target=write_gemma4_target(directory / "gemma4-target.gguf", seed=seed, dtype=dtype, sizes=sizes),
@@ -576,3 +645,9 @@ def write_gemma4_set(directory: str | Path, *, seed: int = 0, dtype: WeightDType
         assistant_random=write_gemma4_assistant(directory / "gemma4-assistant-random.gguf", seed=seed,
                                                 structured=False, dtype=dtype, sizes=sizes),
     )
+
+
+_SET_SIZES: dict[str, tuple[Gemma4Sizes, WeightDType]] = {
+    "tiny": (GEMMA4_SIZES, "f32"),
+    "bench": (GEMMA4_BENCH_SIZES, "q8_0"),
+}
