@@ -35,10 +35,13 @@ MTP_ARCHITECTURES = frozenset({
 def require_mtp(target: Model) -> None:
     """--draft mtp on a GGUF without usable MTP layers: a clear error naming the way out."""
     if target.n_layer_nextn == 0:
+        # Gemma 4's MTP drafter is a file of its own (gemma4-assistant), not layers of the target's.
+        gemma4 = target.architecture == "gemma4"
+        assistant = "its Gemma 4 assistant file (--draft ASSISTANT.gguf), " if gemma4 else ""
         raise ValueError(
             f"{target.path.name} has no MTP (multi-token prediction) layers "
             f"({target.architecture}.nextn_predict_layers is 0), so it cannot draft for itself; "
-            "use a draft model or --draft ngram"
+            f"use {assistant}a draft model or --draft ngram"
         )
     if target.architecture not in MTP_ARCHITECTURES:
         raise ValueError(
