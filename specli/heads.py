@@ -734,7 +734,9 @@ def assistant_problems(target: Model, head: HeadModel) -> list[str]:
     n_layer = target.n_layer
     t_swa, h_swa = _per_layer(t_meta, "gemma4.attention.sliding_window_pattern", n_layer), \
         _per_layer(h_meta, "gemma4-assistant.attention.sliding_window_pattern", None)
-    if n_layer < 2 or t_swa is None or not t_swa[n_layer - 2] or t_swa[n_layer - 1]:
+    if t_swa is None or len(t_swa) < n_layer or n_layer < 2:
+        return problems  # the file does not say (or not in a form read here): llama.cpp's load checks
+    if not t_swa[n_layer - 2] or t_swa[n_layer - 1]:
         problems.append(f"{target.path.name}'s layers {n_layer - 2} and {n_layer - 1} are not a "
                         "sliding-window layer and a full one, whose caches a Gemma 4 assistant reads")
         return problems
@@ -748,8 +750,8 @@ def assistant_problems(target: Model, head: HeadModel) -> list[str]:
             problems.append(f"{name}'s {'sliding-window' if swa else 'full'} layers have heads of {h_dim}; "
                             f"{target.path.name}'s layer {shared}, whose cache they read, has {t_dim}")
         t_kv = _per_layer(t_meta, "gemma4.attention.head_count_kv", n_layer)
-        h_kv = _per_layer(h_meta, "gemma4-assistant.attention.head_count_kv", None)
-        if t_kv is not None and h_kv is not None and h_swa is not None:
+        h_kv = _per_layer(h_meta, "gemma4-assistant.attention.head_count_kv", len(h_swa) if h_swa else None)
+        if t_kv is not None and len(t_kv) >= n_layer and h_kv is not None and h_swa is not None:
             wanted = {int(h_kv[i]) for i in range(min(len(h_kv), len(h_swa))) if h_swa[i] == swa}
             if wanted and wanted != {int(t_kv[shared])}:
                 kind = "sliding-window" if swa else "full"

@@ -37,7 +37,13 @@ from specli import GenerationParams, SamplingParams, load
 from specli.cli import app
 from specli.drafters.registry import DRAFTERS, drafter_kind
 from specli.gguf_info import read_gguf_info
-from specli_synth.gemma4 import Gemma4Files, Gemma4Sizes, write_gemma4_set
+from specli_synth.gemma4 import (
+    GEMMA4_SIZES,
+    Gemma4Files,
+    Gemma4Sizes,
+    write_gemma4_assistant,
+    write_gemma4_set,
+)
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -175,6 +181,18 @@ def test_an_assistant_for_another_target_is_refused_with_what_differs(gemma4, ge
                   "-n", "4", "hi", cwd=tmp_path)
     assert_one_line_error(proc, 1, "trained for a target of hidden size 128",
                           "gemma4-target-q4_k_m.gguf's is 256")
+    # Layers that would view the target's caches with another shape (llama.cpp aborts the process on the
+    # first draft: a view past its source's end).
+    for sizes, fragments in (
+        (replace(GEMMA4_SIZES, n_head_kv=4), ("sliding-window layers read [4] KV heads",
+                                              "gemma4-target.gguf's layer 2 has 2")),
+        (replace(GEMMA4_SIZES, head_dim=64), ("full layers have heads of 64",
+                                              "gemma4-target.gguf's layer 3, whose cache they read, has 32")),
+    ):
+        other = write_gemma4_assistant(tmp_path / "other-assistant.gguf", sizes=sizes)
+        proc = specli("run", "--target", str(gemma4.target), "--draft", str(other), "-n", "4", "hi",
+                      cwd=tmp_path)
+        assert_one_line_error(proc, 1, "other-assistant.gguf cannot draft for gemma4-target.gguf", *fragments)
 
 
 def test_a_drafter_given_as_the_target_and_mtp_on_gemma4_say_what_to_do(gemma4, trained_drafters,
