@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specli import costcache
 from specli.drafters.base import Drafter
-from specli.drafters.registry import BuildRequest, drafter_kind
+from specli.drafters.registry import DRAFTERS, BuildRequest, drafter_kind, trained_kind
 from specli.engine import Generation, GenerationParams, SpeculativeEngine
 from specli.llama import Model, ModelOptions
 from specli.settings import DEFAULTS
@@ -93,6 +93,11 @@ def load(
     matches first, the model otherwise). batch_invariant: arithmetic that gives a token the same logits
     in any batch (specli.llama), so speculation prints plain decoding's tokens on any quantization.
     """
+    trained = trained_kind(target)
+    if trained is not None:  # llama.cpp cannot create a context of one without its target's
+        raise ValueError(f"{Path(target).name} is a trained drafter ({DRAFTERS[trained].needs}), which "
+                         "drafts for a target and does not run alone: give it as --draft beside the model it "
+                         "was trained for")
     kind = drafter_kind(draft)
     # Without a drafter nothing rolls back: a recurrent target needs no state snapshots (each one is
     # a copy of the whole recurrent state, ~50 MB on a 9B Qwen3.5).

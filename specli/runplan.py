@@ -64,25 +64,16 @@ def model_name(text: str, what: str) -> str:
     return text
 
 
-# Trained drafters' architectures: they run beside a target (llama.cpp needs the target's context to
-# create theirs), never alone.
-DRAFTER_ARCHITECTURES = frozenset({"eagle3", "dflash", "gemma4-assistant"})
-
-
-def validated(path: Path, *, speculative_target: bool = False, target: bool = False) -> Path:
+def validated(path: Path, *, speculative_target: bool = False) -> Path:
     """Read the GGUF header and tensor table (no weights) and refuse what would crash llama.cpp, what
-    does not generate left to right (a diffusion model), as a target a trained drafter, and, as a
-    speculative target, a recurrent or hybrid model whose state the bundled llama.cpp cannot roll back
-    (before minutes of loading)."""
+    does not generate left to right (a diffusion model), and, as a speculative target, a recurrent or
+    hybrid model whose state the bundled llama.cpp cannot roll back (before minutes of loading)."""
     from specli.gguf_info import ROLLBACK_ARCHITECTURES, validate_gguf
 
     info = validate_gguf(path)
     if info.is_diffusion:
         raise ValueError(f"{path.name} is a diffusion model ({info.architecture}): it does not generate one "
                          "token after another, so there is nothing for specli to decode or speculate on")
-    if target and info.architecture in DRAFTER_ARCHITECTURES:
-        raise ValueError(f"{path.name} is a trained drafter ({info.architecture}), which drafts for a target "
-                         "and does not run alone: give it as --draft beside the model it was trained for")
     if speculative_target and info.is_recurrent and info.architecture not in ROLLBACK_ARCHITECTURES:
         from specli.engine import cannot_roll_back
 
@@ -155,8 +146,8 @@ def plan_run(
         kind = drafter_kind(draft_arg)
         raise UsageProblem(f"--ngram adds n-gram lookup to a draft model; {Path(str(draft_arg)).name} is "
                            f"{kind.needs} ({kind.name}), which drafts alone: drop --ngram")  # type: ignore[union-attr]
-    checked = validated(target_path, speculative_target=draft_arg is not None, target=True)
-    plan = Plan(checked, draft_arg, ngram, settings, name, notes, config=found)
+    plan = Plan(validated(target_path, speculative_target=draft_arg is not None), draft_arg, ngram, settings,
+                name, notes, config=found)
     if plan.draft_model is not None and plan.draft_model.resolve() == plan.target.resolve():
         plan.notes.append("the draft is the target itself: every draft is accepted, but drafting costs as "
                           "much as verifying, so this cannot be faster")

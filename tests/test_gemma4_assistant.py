@@ -197,10 +197,11 @@ def test_an_assistant_for_another_target_is_refused_with_what_differs(gemma4, ge
 
 def test_a_drafter_given_as_the_target_and_mtp_on_gemma4_say_what_to_do(gemma4, trained_drafters,
                                                                         tmp_path: Path) -> None:
-    for drafter, arch in ((gemma4.assistant, "gemma4-assistant"), (trained_drafters.eagle3, "eagle3"),
-                          (trained_drafters.dflash, "dflash")):
+    for drafter, what in ((gemma4.assistant, "a Gemma 4 assistant"),
+                          (trained_drafters.eagle3, "an EAGLE-3 head"),
+                          (trained_drafters.dflash, "a DFlash drafter")):
         proc = specli("run", "--target", str(drafter), "-n", "4", "hi", cwd=tmp_path)
-        assert_one_line_error(proc, 1, f"{drafter.name} is a trained drafter ({arch})",
+        assert_one_line_error(proc, 1, f"{drafter.name} is a trained drafter ({what})",
                               "give it as --draft beside the model it was trained for")
     proc = specli("run", "--target", str(gemma4.target), "--draft", "mtp", "-n", "4", "hi", cwd=tmp_path)
     assert_one_line_error(proc, 1, "has no MTP", "use its Gemma 4 assistant file (--draft ASSISTANT.gguf)")
