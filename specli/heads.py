@@ -1,5 +1,6 @@
 """llama.cpp contexts for trained draft heads: EAGLE-3 and DFlash/DSpark drafters, which read the
-target's hidden layers (llama.cpp's src/llama-ext.h hooks, common/speculative.cpp's order of calls).
+target's hidden layers (llama.cpp's src/llama-ext.h hooks, common/speculative.cpp's order of calls),
+and Gemma 4's assistant.
 
 * `TargetFeatures` switches on the target's extraction of its layer inputs (the "features" a head was
   trained on) and keeps each decoded position's row until the drafter has read it.
@@ -8,10 +9,12 @@ target's hidden layers (llama.cpp's src/llama-ext.h hooks, common/speculative.cp
   state one position before).
 * `BlockContext`: a DFlash or DSpark drafter: the features go into its KV cache (a fused projection per
   layer), then a block [last token, <mask> ...] is decoded in one pass, every row a draft position.
+* `AssistantContext`: a Gemma 4 assistant, which reads no layer inputs but the target's last hidden
+  state, and whose attention reads the target's own KV cache (it has none of its own).
 
-Both run in a context of their own over the head's GGUF, with the target's context as `ctx_other`
-(a head may share the target's token embedding and output head). The C++ symbols of llama-ext.h are
-bound here as llama-cpp-python binds the MTP ones (its llama_cpp_ext).
+Each runs in a context of its own over the head's GGUF, with the target's context as `ctx_other`
+(a head may share the target's token embedding and output head, an assistant its KV cache). The C++
+symbols of llama-ext.h are bound here as llama-cpp-python binds the MTP ones (its llama_cpp_ext).
 """
 
 from __future__ import annotations
@@ -715,7 +718,7 @@ def assistant_problems(target: Model, head: HeadModel) -> list[str]:
     """Why the Gemma 4 assistant `head` cannot draft for `target` (empty: it can): the target it was
     trained for (architecture, hidden size, vocabulary) and the target layers whose KV cache its
     layers read (llama.cpp's: the last sliding-window layer and the last full one)."""
-    from specli.gguf_info import read_gguf_info
+    from specli.gguf_info import GGUFError, read_gguf_info
 
     name = head.path.name
     if target.architecture != "gemma4":
@@ -729,7 +732,7 @@ def assistant_problems(target: Model, head: HeadModel) -> list[str]:
     problems += _vocabulary_problems(target, head)
     try:
         t_meta, h_meta = read_gguf_info(target.path).metadata, read_gguf_info(head.path).metadata
-    except Exception:
+    except (GGUFError, OSError, ValueError):  # llama.cpp loaded both: what it checks, it has checked
         return problems
     n_layer = target.n_layer
     t_swa, h_swa = _per_layer(t_meta, "gemma4.attention.sliding_window_pattern", n_layer), \
