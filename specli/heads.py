@@ -36,6 +36,8 @@ from specli.llama import (
     ClosedWhenCollected,
     ContextFullError,
     DecodeAborted,
+    FilteredRows,
+    GraphFilters,
     LlamaError,
     Model,
     ModelOptions,
@@ -45,6 +47,7 @@ from specli.llama import (
 )
 from specli.llama_log import ensure_backend
 from specli.native import data_address
+from specli.sampling import Survivors
 
 
 def _bind(names: Sequence[str], argtypes: list, restype: object):
@@ -682,21 +685,56 @@ class AssistantContext(SideContext):
 
     def __init__(self, head: HeadModel, target: Model) -> None:
         self.head = head
+        self._chain = None
         super().__init__(head._model, target, label=f"the assistant {head.path.name}",
                          n_embd=target.n_embd, n_vocab=head.facts.n_vocab,
                          ctx_type=llc.LLAMA_CONTEXT_TYPE_MTP, n_batch=8)
         llc_ext.llama_set_embeddings_nextn(self._ctx, True, True)
         self._zeros = np.zeros(target.n_embd, dtype=np.float32)
+        self.filters: GraphFilters | None = None
+        self._filtered_views: dict[tuple[int, int], np.ndarray] = {}
 
-    def step(self, token: int, pos: int, hidden: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def set_filters(self, filters: GraphFilters | None) -> None:
+        """Filter each step's row in llama.cpp's graph with `filters` from the next step on (None: the
+        whole row crosses), as the target's rows are where the run samples in the graph: only the
+        survivors cross, not a row over the whole vocabulary (llama.cpp's draft-mtp filters its draft
+        rows so too). Each change makes llama.cpp plan the graph again."""
+        if filters == self.filters:
+            return
+        if self._chain is not None:
+            chain, self._chain = self._chain, None
+            llc.llama_set_sampler(self._ctx, 0, None)
+            llc.llama_sampler_free(chain)
+        self.filters = filters
+
+    def step(self, token: int, pos: int, hidden: np.ndarray | None
+             ) -> tuple[np.ndarray | Survivors, np.ndarray]:
         """`token` at `pos` read with `hidden` (None: zeros, position 0 has no state before it): the
-        logits there (a view, valid until the next step) and the state to read with the token drawn
-        from them (a copy)."""
+        logits there (a view, valid until the next step; with filters, the survivors) and the state to
+        read with the token drawn from them (a copy)."""
+        if self.filters is not None and self._chain is None:
+            chain = self.filters.chain(self.n_vocab)
+            if not llc.llama_set_sampler(self._ctx, 0, chain):
+                llc.llama_sampler_free(chain)
+                raise LlamaError(f"{self.label}: llama.cpp cannot run these filters in its graph")
+            self._chain = chain
         row = self._zeros if hidden is None else np.ascontiguousarray(hidden, dtype=np.float32)
         llc.llama_batch_ext_clear(self._batch)
         self._add(pos, token=token, embd=row, output=True)
         self._process(llc.LLAMA_PROCESS_TYPE_DECODE, 0)  # the target's cache: nothing of its own
-        return self._logits(1)[0], self._nextn(1)[0].copy()
+        h = self._nextn(1)[0].copy()
+        if self._chain is None:
+            return self._logits(1)[0], h
+        ctx = self._ctx
+        count = llc.llama_get_sampled_logits_count_ith(ctx, -1)
+        logits_ptr = llc.llama_get_sampled_logits_ith(ctx, -1)
+        ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, -1)
+        if not logits_ptr or not ids_ptr or not count:
+            raise LlamaError(f"{self.label}: llama.cpp's graph filtered no row")
+        views = self._filtered_views
+        rows = FilteredRows(buffer_view(views, logits_ptr, 1, self.n_vocab),
+                            buffer_view(views, ids_ptr, 1, self.n_vocab), [count])
+        return Survivors(*rows.survivors(0)), h
 
     # Its cache is the target's, which the target keeps: nothing to resync, truncate or reset (llama.cpp
     # would clear the target's cells with a clear of this context's memory, which shares them).
@@ -711,6 +749,9 @@ class AssistantContext(SideContext):
 
     def close(self) -> None:
         super().close()
+        if self._chain is not None:
+            llc.llama_sampler_free(self._chain)  # after the context that pointed to it
+            self._chain = None
         self.head.close()
 
 

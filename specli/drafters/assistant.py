@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_positions
+from specli.drafters.model import GREEDY_DRAFT_TOP
 from specli.heads import AssistantContext, HeadModel
-from specli.llama import Model
-from specli.sampling import Noise, Sampler, SamplingParams
+from specli.llama import GraphFilters, Model
+from specli.sampling import Noise, Sampler, SamplingParams, Survivors
 
 
 class AssistantDrafter(Drafter):
@@ -33,6 +36,12 @@ class AssistantDrafter(Drafter):
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._sampler = sampler
+        # Its rows are filtered in llama.cpp's graph where the run filters the target's there.
+        filters = None
+        if sampler.in_graph:
+            filters = GraphFilters.of(sampler.params, self.assistant.n_vocab,
+                                      greedy_top_k=GREEDY_DRAFT_TOP)[0]
+        self.assistant.set_filters(filters)
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         target, assistant = self.target, self.assistant
@@ -43,7 +52,7 @@ class AssistantDrafter(Drafter):
                                f"{target.n_past}")
         row, h = assistant.step(context[-1], pos, target.hidden_rows(pos - 1, pos)[0] if pos else None)
 
-        def next_row(token: int):
+        def next_row(token: int) -> np.ndarray | Survivors:
             nonlocal h
             next_logits, h = assistant.step(token, pos, h)
             return next_logits
