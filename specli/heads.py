@@ -364,6 +364,9 @@ class SideContext(ClosedWhenCollected):
         self.target, self.label = target, label
         self._ctx = None
         self._batch = None
+        self._chain = None  # llama.cpp's sampler chain of `filters`, once attached
+        self.filters: GraphFilters | None = None
+        self._filtered_views: dict[tuple[int, int], np.ndarray] = {}
         cparams = llc.llama_context_default_params()
         cparams.n_ctx = target.n_ctx
         cparams.n_batch = cparams.n_ubatch = n_batch or target.n_batch
@@ -485,6 +488,47 @@ class SideContext(ClosedWhenCollected):
             self._resync()
             raise
 
+    # -- filters in the graph (backend sampling): a step's one output row crosses as its survivors --
+
+    def set_filters(self, filters: GraphFilters | None) -> None:
+        """Filter each output row in llama.cpp's graph with `filters` from the next decode on (None: the
+        whole row crosses), as the target's rows are where the run samples in the graph: only the
+        survivors cross, not a row over the whole vocabulary (llama.cpp's draft-eagle3 and draft-mtp
+        keep top-k 10 there). One output row a decode (llama.cpp's n_outputs_max_per_seq here); each
+        change makes llama.cpp plan the graph again."""
+        if filters == self.filters:
+            return
+        if self._chain is not None:
+            chain, self._chain = self._chain, None
+            llc.llama_set_sampler(self._ctx, 0, None)
+            llc.llama_sampler_free(chain)
+        self.filters = filters
+
+    def _attach_filters(self) -> None:
+        """Before a decode with an output row: the chain of `filters`, if any and not attached yet."""
+        if self.filters is not None and self._chain is None:
+            chain = self.filters.chain(self.n_vocab)
+            if not llc.llama_set_sampler(self._ctx, 0, chain):
+                llc.llama_sampler_free(chain)
+                raise LlamaError(f"{self.label}: llama.cpp cannot run these filters in its graph")
+            self._chain = chain
+
+    def _last_row(self) -> np.ndarray | Survivors:
+        """The last decode's output row: its logits (a view, valid until the next decode), or with the
+        filters attached its survivors (copies)."""
+        if self._chain is None:
+            return self._logits(1)[0]
+        ctx = self._ctx
+        count = llc.llama_get_sampled_logits_count_ith(ctx, -1)
+        logits_ptr = llc.llama_get_sampled_logits_ith(ctx, -1)
+        ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, -1)
+        if not logits_ptr or not ids_ptr or not count:
+            raise LlamaError(f"{self.label}: llama.cpp's graph filtered no row")
+        views = self._filtered_views
+        rows = FilteredRows(buffer_view(views, logits_ptr, 1, self.n_vocab),
+                            buffer_view(views, ids_ptr, 1, self.n_vocab), [count])
+        return Survivors(*rows.survivors(0))
+
     def close(self) -> None:
         if self._batch:
             llc.llama_batch_ext_free(self._batch)
@@ -492,6 +536,9 @@ class SideContext(ClosedWhenCollected):
         if self._ctx:
             llc.llama_free(self._ctx)
             self._ctx = None
+        if self._chain is not None:
+            llc.llama_sampler_free(self._chain)  # after the context that pointed to it
+            self._chain = None
 
 
 
@@ -516,17 +563,18 @@ class MTPContext(SideContext):
         self.tokens: list[int] = []
         self._zeros = np.zeros(target.n_embd, dtype=np.float32)
 
-    def decode(self, tokens: Sequence[int], hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def decode(self, tokens: Sequence[int], hidden: np.ndarray) -> tuple[np.ndarray | Survivors, np.ndarray]:
         """Evaluate `tokens` at the next positions, token i read with hidden[i] (the hidden state of
         the position before it). Returns the last position's logits row (a view, valid until the next
-        decode) and its own hidden state (a copy): what the MTP head predicts next, and the h to read
-        with the token drawn from it."""
+        decode; with filters, its survivors) and its own hidden state (a copy): what the MTP head
+        predicts next, and the h to read with the token drawn from it."""
         n = len(tokens)
         if n == 0 or hidden.shape != (n, self.n_embd):
             raise ValueError(f"MTP decode needs one hidden row per token: {n} tokens, rows {hidden.shape}")
         if self.n_past + n > self.target.n_ctx:
             raise ContextFullError(f"context full: the MTP context holds {self.target.n_ctx} tokens")
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        self._attach_filters()
         start = 0
         for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]
@@ -539,14 +587,12 @@ class MTPContext(SideContext):
             except BaseException:
                 self._resync()
                 raise
-        logits = llc.llama_get_logits_ith(self._ctx, -1)
         h = llc_ext.llama_get_embeddings_nextn_ith(self._ctx, n - start - 1)  # the last chunk's last row
-        if not logits or not h:
+        if not h:
             raise LlamaError("llama.cpp returned no MTP output")
         # The logits row is a view (a draft step reads it before the next decode), h a copy (the
         # next decode reads it as its input)
-        return buffer_view(self._views, logits, 1, self.n_vocab)[0], \
-            buffer_view(self._nextn_views, h, 1, self.n_embd)[0].copy()
+        return self._last_row(), buffer_view(self._nextn_views, h, 1, self.n_embd)[0].copy()
 
     def _resync(self) -> None:
         super()._resync()
@@ -605,14 +651,16 @@ class Eagle3Context(HeadContext):
         return out
 
     def decode(self, tokens: Sequence[int], states: np.ndarray, *, output: bool
-               ) -> tuple[np.ndarray, np.ndarray] | None:
+               ) -> tuple[np.ndarray | Survivors, np.ndarray] | None:
         """Decode (tokens[i], states[i]) at the next positions. With `output`, the last position's
-        logits (a view, valid until the next decode) and pre-norm state (a copy); the head's graph
-        computes logits for every row and llama.cpp hands out the first rows, so an output decode is
-        one token."""
+        logits (a view, valid until the next decode; with filters, its survivors) and pre-norm state
+        (a copy); the head's graph computes logits for every row and llama.cpp hands out the first
+        rows, so an output decode is one token."""
         states = np.ascontiguousarray(states, dtype=np.float32)
         if output and len(tokens) != 1:
             raise ValueError("an EAGLE-3 decode with output is one token")
+        if output:
+            self._attach_filters()
         for start in range(0, len(tokens), self.n_batch):
             llc.llama_batch_ext_clear(self._batch)
             chunk = tokens[start : start + self.n_batch]
@@ -621,7 +669,7 @@ class Eagle3Context(HeadContext):
             self._process(llc.LLAMA_PROCESS_TYPE_DECODE, len(chunk))
         if not output:
             return None
-        return self._logits(1)[0], self._nextn(1)[0].copy()
+        return self._last_row(), self._nextn(1)[0].copy()
 
 
 class BlockContext(HeadContext):
@@ -685,56 +733,23 @@ class AssistantContext(SideContext):
 
     def __init__(self, head: HeadModel, target: Model) -> None:
         self.head = head
-        self._chain = None
         super().__init__(head._model, target, label=f"the assistant {head.path.name}",
                          n_embd=target.n_embd, n_vocab=head.facts.n_vocab,
                          ctx_type=llc.LLAMA_CONTEXT_TYPE_MTP, n_batch=8)
         llc_ext.llama_set_embeddings_nextn(self._ctx, True, True)
         self._zeros = np.zeros(target.n_embd, dtype=np.float32)
-        self.filters: GraphFilters | None = None
-        self._filtered_views: dict[tuple[int, int], np.ndarray] = {}
-
-    def set_filters(self, filters: GraphFilters | None) -> None:
-        """Filter each step's row in llama.cpp's graph with `filters` from the next step on (None: the
-        whole row crosses), as the target's rows are where the run samples in the graph: only the
-        survivors cross, not a row over the whole vocabulary (llama.cpp's draft-mtp filters its draft
-        rows so too). Each change makes llama.cpp plan the graph again."""
-        if filters == self.filters:
-            return
-        if self._chain is not None:
-            chain, self._chain = self._chain, None
-            llc.llama_set_sampler(self._ctx, 0, None)
-            llc.llama_sampler_free(chain)
-        self.filters = filters
 
     def step(self, token: int, pos: int, hidden: np.ndarray | None
              ) -> tuple[np.ndarray | Survivors, np.ndarray]:
         """`token` at `pos` read with `hidden` (None: zeros, position 0 has no state before it): the
         logits there (a view, valid until the next step; with filters, the survivors) and the state to
         read with the token drawn from them (a copy)."""
-        if self.filters is not None and self._chain is None:
-            chain = self.filters.chain(self.n_vocab)
-            if not llc.llama_set_sampler(self._ctx, 0, chain):
-                llc.llama_sampler_free(chain)
-                raise LlamaError(f"{self.label}: llama.cpp cannot run these filters in its graph")
-            self._chain = chain
+        self._attach_filters()
         row = self._zeros if hidden is None else np.ascontiguousarray(hidden, dtype=np.float32)
         llc.llama_batch_ext_clear(self._batch)
         self._add(pos, token=token, embd=row, output=True)
         self._process(llc.LLAMA_PROCESS_TYPE_DECODE, 0)  # the target's cache: nothing of its own
-        h = self._nextn(1)[0].copy()
-        if self._chain is None:
-            return self._logits(1)[0], h
-        ctx = self._ctx
-        count = llc.llama_get_sampled_logits_count_ith(ctx, -1)
-        logits_ptr = llc.llama_get_sampled_logits_ith(ctx, -1)
-        ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, -1)
-        if not logits_ptr or not ids_ptr or not count:
-            raise LlamaError(f"{self.label}: llama.cpp's graph filtered no row")
-        views = self._filtered_views
-        rows = FilteredRows(buffer_view(views, logits_ptr, 1, self.n_vocab),
-                            buffer_view(views, ids_ptr, 1, self.n_vocab), [count])
-        return Survivors(*rows.survivors(0)), h
+        return self._last_row(), self._nextn(1)[0].copy()
 
     # Its cache is the target's, which the target keeps: nothing to resync, truncate or reset (llama.cpp
     # would clear the target's cells with a clear of this context's memory, which shares them).
@@ -749,9 +764,6 @@ class AssistantContext(SideContext):
 
     def close(self) -> None:
         super().close()
-        if self._chain is not None:
-            llc.llama_sampler_free(self._chain)  # after the context that pointed to it
-            self._chain = None
         self.head.close()
 
 

@@ -23,8 +23,10 @@ import pytest
 from support import assert_one_line_error, specli
 from test_bench_server import needs_llama_server, runner
 from test_trained_drafters import (
+    DEFAULT_FILTERS,
     N_CTX,
     PROMPT,
+    check_rows_filtered_in_the_graph,
     check_the_exported_llama_server,
     check_the_rejection_rule,
     generate,
@@ -37,7 +39,6 @@ from specli import GenerationParams, SamplingParams, load
 from specli.cli import app
 from specli.drafters.registry import DRAFTERS, drafter_kind
 from specli.gguf_info import read_gguf_info
-from specli.sampling import Noise, Sampler
 from specli_synth.gemma4 import (
     GEMMA4_SIZES,
     Gemma4Files,
@@ -133,42 +134,9 @@ def test_the_rejection_rule_follows_the_target_with_the_assistant(gemma4) -> Non
 FIRST_PROMPT = "The sun"  # position 1: acceptance 0.41, every wrong rule >= 3 null thresholds away
 
 
-DEFAULTS = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-
-
-@pytest.mark.parametrize("sampling", [DEFAULTS, GREEDY], ids=["defaults", "greedy"])
-def test_with_the_filters_in_the_graph_its_rows_are_the_hosts_and_same_as_plain_holds(gemma4, sampling):
-    """Where the run samples in llama.cpp's graph (a GPU's default; forced here), the assistant's rows
-    are filtered there too and only their survivors cross: its distributions are the host path's, and
-    speculation at every k prints plain decoding's tokens (the host path's)."""
-    seeds = range(3)
-    common = dict(max_tokens=60, sampling=sampling, ignore_eos=True)
-    with load(gemma4.target, None, n_ctx=N_CTX, n_threads=1) as spec:
-        host = {s: spec.generate(PROMPT, GenerationParams(seed=s, sampling_on="host", **common))
-                .complete().tokens for s in seeds}
-    with load(gemma4.target, gemma4.assistant, n_ctx=N_CTX, n_threads=1) as spec:
-        context = spec.tokenize(PROMPT)
-        spec.target.decode(context[:-1], outputs="none")
-        banned = replace(sampling, banned=spec.target.eog_tokens())
-        drafts = {}
-        for in_graph in (False, True):
-            spec.drafter.begin(context, Sampler(banned, Noise(5), True, in_graph=in_graph))
-            draft = spec.drafter.draft(context, 4)
-            drafts[in_graph] = (draft.tokens, [q.dense() for q in draft.probs or []])
-            assert (spec.drafter.assistant.filters is not None) == in_graph
-        assert drafts[True][0] == drafts[False][0] and len(drafts[True][0]) == 4
-        graph, on_host = drafts[True][1], drafts[False][1]
-        assert all(np.allclose(a, b, atol=1e-6) for a, b in zip(graph, on_host, strict=True))
-        spec.target.reset()
-        for k in (1, 3, 8):
-            drafted = 0
-            for s in seeds:
-                params = GenerationParams(seed=s, draft_max=k, sampling_on="backend", **common)
-                gen = spec.generate(PROMPT, params).complete()
-                assert gen.tokens == host[s], (k, s)
-                assert gen.stats.sampling_path == "backend"
-                drafted += gen.stats.drafted
-            assert drafted > 0 and spec.drafter.assistant.filters is not None
+@pytest.mark.parametrize("sampling", [DEFAULT_FILTERS, GREEDY], ids=["defaults", "greedy"])
+def test_its_rows_are_filtered_in_the_graph_where_the_runs_are(gemma4, sampling) -> None:
+    check_rows_filtered_in_the_graph(gemma4.target, gemma4.assistant, lambda d: d.assistant, sampling)
 
 
 # -- what it reads after rejections --------------------------------------------------------------------

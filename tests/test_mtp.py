@@ -333,3 +333,11 @@ def test_rejection_rule_with_mtp_drafts_follows_the_target_distribution(mtp_mode
         if a == t1:
             freq2[b] += count / firsts[t1]
     assert tv(freq2, p2) < null_tv_threshold(p2, firsts[t1])
+
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["defaults", "greedy"])
+def test_mtp_rows_are_filtered_in_the_graph_where_the_runs_are(mtp_model, greedy) -> None:
+    from test_trained_drafters import DEFAULT_FILTERS, check_rows_filtered_in_the_graph
+
+    sampling = SamplingParams(temperature=0.0) if greedy else DEFAULT_FILTERS
+    check_rows_filtered_in_the_graph(mtp_model, "mtp", lambda d: d.mtp, sampling, prompt=PROMPTS[0])

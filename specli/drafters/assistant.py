@@ -15,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_positions
-from specli.drafters.model import GREEDY_DRAFT_TOP
+from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_filters, draft_positions
 from specli.heads import AssistantContext, HeadModel
-from specli.llama import GraphFilters, Model
+from specli.llama import Model
 from specli.sampling import Noise, Sampler, SamplingParams, Survivors
 
 
@@ -37,11 +36,7 @@ class AssistantDrafter(Drafter):
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._sampler = sampler
         # Its rows are filtered in llama.cpp's graph where the run filters the target's there.
-        filters = None
-        if sampler.in_graph:
-            filters = GraphFilters.of(sampler.params, self.assistant.n_vocab,
-                                      greedy_top_k=GREEDY_DRAFT_TOP)[0]
-        self.assistant.set_filters(filters)
+        self.assistant.set_filters(draft_filters(sampler, self.assistant.n_vocab))
 
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         target, assistant = self.target, self.assistant

@@ -13,8 +13,21 @@ from typing import Protocol
 
 import numpy as np
 
-from specli.llama import Model
+from specli.llama import GraphFilters, Model
 from specli.sampling import Dist, Sampler, Survivors, distribution, greedy_token, mask_banned, top_probability
+
+# A greedy draft row's best ids that cross from llama.cpp's graph: its gate's confidence is their
+# softmax's top (llama.cpp's own drafts keep 10).
+GREEDY_DRAFT_TOP = 16
+
+
+def draft_filters(sampler: Sampler, n_vocab: int) -> GraphFilters | None:
+    """The filters a drafter's rows get in llama.cpp's graph: where the run filters the target's there
+    (`Sampler.in_graph`), the same ones (a greedy row: its GREEDY_DRAFT_TOP best ids); else None, the
+    whole row crosses."""
+    if not sampler.in_graph:
+        return None
+    return GraphFilters.of(sampler.params, n_vocab, greedy_top_k=GREEDY_DRAFT_TOP)[0]
 
 
 class DraftGate(Protocol):

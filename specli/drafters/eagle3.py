@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import Draft, DraftGate, draft_positions
+from specli.drafters.base import Draft, DraftGate, draft_filters, draft_positions
 from specli.drafters.head import HeadDrafter
 from specli.heads import Eagle3Context, HeadModel
 from specli.llama import Model
@@ -36,6 +36,8 @@ class Eagle3Drafter(HeadDrafter):
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._sampler = sampler
+        # Its rows are filtered in llama.cpp's graph where the run filters the target's there.
+        self.head.set_filters(draft_filters(sampler, self.head.n_vocab))
         if self.resting:
             return
         keep = self._kept(context)

@@ -6,13 +6,9 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_positions
-from specli.llama import GraphFilters, Model
+from specli.drafters.base import Draft, Drafter, DraftGate, Source, draft_filters, draft_positions
+from specli.llama import Model
 from specli.sampling import Noise, Sampler, SamplingParams, Survivors
-
-# A greedy draft row's best ids that cross from llama.cpp's graph: its gate's confidence is their
-# softmax's top (llama.cpp's own drafts keep 10).
-GREEDY_DRAFT_TOP = 16
 
 
 class DraftModelDrafter(Drafter):
@@ -39,10 +35,8 @@ class DraftModelDrafter(Drafter):
         self._sampler = sampler
         # The draft's rows are filtered where the target's are when the run filters in llama.cpp's
         # graph and this model can (its ids all within the target's vocabulary).
-        filters = None
-        if sampler.in_graph and self.model.n_vocab <= self.target_vocab:
-            filters = GraphFilters.of(sampler.params, self.model.n_vocab, greedy_top_k=GREEDY_DRAFT_TOP)[0]
-        self.model.set_filters(filters)
+        fits = self.model.n_vocab <= self.target_vocab
+        self.model.set_filters(draft_filters(sampler, self.model.n_vocab) if fits else None)
         self._known_good = self.model.keep_common_prefix(context)
         if self.model.n_past < len(context) - 1:
             self.model.decode(context[self.model.n_past : -1], outputs="none")

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import CatchingUpDrafter, Draft, DraftGate, Source, draft_positions
+from specli.drafters.base import CatchingUpDrafter, Draft, DraftGate, Source, draft_filters, draft_positions
 from specli.heads import MTPContext
 from specli.llama import Model
 from specli.sampling import (
@@ -67,6 +67,8 @@ class MTPDrafter(CatchingUpDrafter):
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._sampler = sampler
+        # Its rows are filtered in llama.cpp's graph where the run filters the target's there.
+        self.mtp.set_filters(draft_filters(sampler, self.mtp.n_vocab))
         self._keep_prefix(context)
         # The target has evaluated the prompt (but its last token): read it now, as a draft model
         # prefills, so the first round's catch-up is the pending token alone.
