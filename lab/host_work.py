@@ -2,13 +2,16 @@
 whose tokens cost well under a millisecond here, so that what specli does outside llama_decode shows.
 
     python lab/host_work.py [--plain M.gguf ...] [--pair TARGET.gguf DRAFT.gguf] [--trained DIR]
-                            [-n 512] [--repeat 3] [-t 2] [--sampling-on auto|backend|host] [--json OUT]
+                            [--gemma4 DIR] [-n 512] [--repeat 3] [-t 2] [--sampling-on auto|backend|host]
+                            [--json OUT]
 
 Build the stand-ins with `python lab/build_host_standin.py DIR` (262,144 tokens, ~0.57 ms a token
 here), `python lab/build_large_vocab_pair.py DIR` (its draft, 151,936 tokens, is the 150k stand-in:
 pass it as --plain, and the pair as --pair) and `python -m specli_synth trained-drafters DIR --size
-bench` (a 152k-vocabulary target with EAGLE-3, DFlash and DSpark heads: --trained DIR). llama.cpp's tools
-from lab/build_llama_tools.sh --with-server. Every rate excludes load and prompt on both sides.
+bench` (a 152k-vocabulary target with EAGLE-3, DFlash and DSpark heads: --trained DIR), `python -m
+specli_synth gemma4 DIR --size bench` (a 262k Gemma 4 target and its assistant: --gemma4 DIR).
+llama.cpp's tools from lab/build_llama_tools.sh --with-server. Every rate excludes load and prompt on
+both sides.
 
 a) plain decoding, per --plain model, each repetition in a rotating order: `llama-bench -p 0 -n N` tg;
    specli --no-draft at T 0 and with the default sampling (top-k 40, top-p 0.95, min-p 0.05, T 0.8),
@@ -214,6 +217,10 @@ def drafters(args: argparse.Namespace) -> list[tuple[str, Path, Path, str, bool]
         out.append(("EAGLE-3", d / "target.gguf", d / "eagle3.gguf", "draft-eagle3", False))
         out.append(("DFlash", d / "target.gguf", d / "dflash.gguf", "draft-dflash", True))
         out.append(("DSpark", d / "target.gguf", d / "dspark.gguf", "draft-dspark", True))
+    if args.gemma4:
+        d = Path(args.gemma4)
+        out.append(("Gemma 4 assistant", d / "gemma4-target.gguf", d / "gemma4-assistant.gguf", "draft-mtp",
+                    False))
     return out
 
 
@@ -268,6 +275,7 @@ def main() -> int:
     ap.add_argument("--plain", action="append", default=[], help="a model for a) (repeatable)")
     ap.add_argument("--pair", nargs=2, metavar=("TARGET", "DRAFT"), help="a draft-model pair for b)")
     ap.add_argument("--trained", help="a directory of `specli_synth trained-drafters` for b)")
+    ap.add_argument("--gemma4", help="a directory of `specli_synth gemma4` for b): its assistant")
     ap.add_argument("-n", type=int, default=512, help="tokens a plain run generates")
     ap.add_argument("--draft-n", type=int, default=64, help="tokens a speculative run generates")
     ap.add_argument("--repeat", type=int, default=3)
@@ -285,11 +293,11 @@ def main() -> int:
     for model in args.plain:
         say(f"a) plain decoding on {Path(model).name}")
         sections[f"plain {Path(model).name}"] = plain(Path(model), args)
-    if args.pair or args.trained:
+    if args.pair or args.trained or args.gemma4:
         say(f"b) draft steps, k = {args.k}")
         sections["draft steps"] = draft_steps(args)
     if not sections:
-        ap.error("nothing to measure: give --plain, --pair or --trained")
+        ap.error("nothing to measure: give --plain, --pair, --trained or --gemma4")
     with open("/proc/loadavg") as f:
         load_average = f.read().split()[:3]
     print(f"{args.threads} threads, -n {args.n} (speculative {args.draft_n}), {args.repeat} repetitions, "
