@@ -233,8 +233,10 @@ else
 fi
 
 # -- #51: a draft step of each drafter against llama.cpp's; the time outside llama_decode ----------------
+g4=()
+[ -f "$M/g4/gemma4-assistant.gguf" ] && g4=(--gemma4 "$M/g4")
 stage "draft steps vs llama-speculative-simple" 150 \
-    python3 lab/host_work.py --pair "$T" "$D" --trained "$TD" --draft-n $(( N / 2 )) --repeat "$REPEAT" \
+    python3 lab/host_work.py --pair "$T" "$D" --trained "$TD" "${g4[@]}" --draft-n $(( N / 2 )) --repeat "$REPEAT" \
     -t "$THREADS" -k 8 -c 4096 --tools "$B" --json "$J/host_work-steps.json"
 
 # -- -k auto against fixed k on this device's verify curve ----------------------------------------------
