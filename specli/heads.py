@@ -360,7 +360,7 @@ class SideContext(ClosedWhenCollected):
 
     def __init__(self, model: llc.llama_model_p, target: Model, *, label: str, n_embd: int, n_vocab: int,
                  ctx_type: int = llc.LLAMA_CONTEXT_TYPE_DEFAULT, n_batch: int | None = None,
-                 bf16_cache: bool = False) -> None:
+                 bf16_cache: bool = False, filtered_rows: int = 1) -> None:
         self.target, self.label = target, label
         self._ctx = None
         self._batch = None
@@ -376,6 +376,7 @@ class SideContext(ClosedWhenCollected):
         cparams.ctx_type = ctx_type
         cparams.ctx_other = target.context_pointer
         cparams.n_rs_seq = 0
+        cparams.n_outputs_max_per_seq = filtered_rows  # the output rows a decode's filters take
         if bf16_cache:
             cparams.type_k = cparams.type_v = GGML_TYPE_BF16
         cparams.abort_callback, cparams.abort_callback_data = target.abort_callback
@@ -494,8 +495,8 @@ class SideContext(ClosedWhenCollected):
         """Filter each output row in llama.cpp's graph with `filters` from the next decode on (None: the
         whole row crosses), as the target's rows are where the run samples in the graph: only the
         survivors cross, not a row over the whole vocabulary (llama.cpp's draft-eagle3 and draft-mtp
-        keep top-k 10 there). One output row a decode (llama.cpp's n_outputs_max_per_seq here); each
-        change makes llama.cpp plan the graph again."""
+        keep top-k 10 there). At most `filtered_rows` output rows a decode (llama.cpp's
+        n_outputs_max_per_seq); each change makes llama.cpp plan the graph again."""
         if filters == self.filters:
             return
         if self._chain is not None:
@@ -516,18 +517,23 @@ class SideContext(ClosedWhenCollected):
     def _last_row(self) -> np.ndarray | Survivors:
         """The last decode's output row: its logits (a view, valid until the next decode), or with the
         filters attached its survivors (copies)."""
+        return self._output_rows(1)[0]
+
+    def _output_rows(self, n: int) -> np.ndarray | list[Survivors]:
+        """The last decode's n output rows: their logits (a view, valid until the next decode), or with
+        the filters attached each row's survivors (copies)."""
         if self._chain is None:
-            return self._logits(1)[0]
+            return self._logits(n)
         ctx = self._ctx
-        count = llc.llama_get_sampled_logits_count_ith(ctx, -1)
-        logits_ptr = llc.llama_get_sampled_logits_ith(ctx, -1)
-        ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, -1)
-        if not logits_ptr or not ids_ptr or not count:
-            raise LlamaError(f"{self.label}: llama.cpp's graph filtered no row")
-        views = self._filtered_views
-        rows = FilteredRows(buffer_view(views, logits_ptr, 1, self.n_vocab),
-                            buffer_view(views, ids_ptr, 1, self.n_vocab), [count])
-        return Survivors(*rows.survivors(0))
+        counts = [llc.llama_get_sampled_logits_count_ith(ctx, i) for i in range(-n, 0)]
+        logits_ptr = llc.llama_get_sampled_logits_ith(ctx, -n)
+        ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, -n)
+        if not logits_ptr or not ids_ptr or not all(counts):
+            raise LlamaError(f"{self.label}: llama.cpp's graph filtered no rows")
+        views = self._filtered_views  # rows lie n_vocab apart in llama.cpp's buffers
+        rows = FilteredRows(buffer_view(views, logits_ptr, n, self.n_vocab),
+                            buffer_view(views, ids_ptr, n, self.n_vocab), counts)
+        return [Survivors(*rows.survivors(i)) for i in range(n)]
 
     def close(self) -> None:
         if self._batch:
@@ -616,12 +622,12 @@ class MTPContext(SideContext):
 class HeadContext(SideContext):
     """A context over a trained head (HeadModel, which it takes over) beside the target."""
 
-    def __init__(self, head: HeadModel, target: Model) -> None:
+    def __init__(self, head: HeadModel, target: Model, filtered_rows: int = 1) -> None:
         self.head = head
         super().__init__(head._model, target, label=f"the draft head {head.path.name}",
                          n_embd=head.facts.n_embd, n_vocab=head.facts.n_vocab,
                          n_batch=max(64, min(target.n_batch, target.n_ctx)),
-                         bf16_cache=batch_invariant_cache(target.options))
+                         bf16_cache=batch_invariant_cache(target.options), filtered_rows=filtered_rows)
 
     def close(self) -> None:
         super().close()
@@ -677,7 +683,7 @@ class BlockContext(HeadContext):
     block decoded at once (non-causal inside the block unless the head says otherwise)."""
 
     def __init__(self, head: HeadModel, target: Model) -> None:
-        super().__init__(head, target)
+        super().__init__(head, target, filtered_rows=max(1, head.facts.block_size))
         facts = head.facts
         self.mask_token = int(llc.llama_vocab_mask(llc.llama_model_get_vocab(head._model)))
         if self.mask_token < 0:
@@ -699,13 +705,14 @@ class BlockContext(HeadContext):
                 self._add(self.n_past + j, embd=row)
             self._process(llc.LLAMA_PROCESS_TYPE_DECODE, len(chunk))
 
-    def decode_block(self, anchor: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def decode_block(self, anchor: int, n: int) -> tuple[np.ndarray | list[Survivors], np.ndarray | None]:
         """[anchor, <mask> x (n - 1)] at the next positions, every row an output: their logits (a view,
-        valid until the next decode) and, with a confidence head, each row's confidence. The block
-        stays in the cache until `truncate`."""
+        valid until the next decode; with filters, each row's survivors) and, with a confidence head,
+        each row's confidence. The block stays in the cache until `truncate`."""
+        self._attach_filters()
         self._decode_block(anchor, n, output=True)
         confidence = self._nextn(n)[:, 0].copy() if self.head.facts.confidence_head else None
-        return self._logits(n), confidence
+        return self._output_rows(n), confidence
 
     def decode_lattice(self, anchor: int, n: int) -> np.ndarray:
         """DFlash2: [anchor, <mask> x (n - 1)] at the next positions, and the selector's lattice (a view,

@@ -335,9 +335,10 @@ def check_rows_filtered_in_the_graph(target: Path, draft: Path | str, side: Call
 
 
 @pytest.mark.parametrize("sampling", [DEFAULT_FILTERS, GREEDY], ids=["defaults", "greedy"])
-def test_an_eagle3_heads_rows_are_filtered_in_the_graph_where_the_runs_are(trained_drafters, sampling):
-    check_rows_filtered_in_the_graph(trained_drafters.target, trained_drafters.eagle3, lambda d: d.head,
-                                     sampling)
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "dspark"])  # DFlash2's rows ask for no logits
+def test_a_heads_rows_are_filtered_in_the_graph_where_the_runs_are(trained_drafters, kind, sampling):
+    check_rows_filtered_in_the_graph(trained_drafters.target, head_file(trained_drafters, kind),
+                                     lambda d: d.head, sampling)
 
 
 # -- rollback -----------------------------------------------------------------------------------------

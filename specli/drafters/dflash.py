@@ -27,11 +27,11 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import Draft, DraftGate, HeldPosition, Source
+from specli.drafters.base import Draft, DraftGate, HeldPosition, Source, draft_filters
 from specli.drafters.head import HeadDrafter
 from specli.heads import BlockContext, HeadModel
 from specli.llama import Model
-from specli.sampling import Dist, Sampler, distribution, greedy_token, mask_banned, top_probability
+from specli.sampling import Dist, Sampler, Survivors, distribution, greedy_token, mask_banned, top_probability
 
 
 class BlockDrafter(HeadDrafter):
@@ -54,6 +54,9 @@ class BlockDrafter(HeadDrafter):
 
     def begin(self, context: list[int], sampler: Sampler) -> None:
         self._sampler = sampler
+        # A block's rows are filtered in llama.cpp's graph where the run filters the target's there
+        # (DFlash2's rows ask for no logits: its selector reads them inside the graph).
+        self.head.set_filters(None if self.selector_top_k else draft_filters(sampler, self.head.n_vocab))
         if self.resting:
             return
         self.head.truncate(self._kept(context))
@@ -165,19 +168,21 @@ class BlockDrafter(HeadDrafter):
             tokens, confidence = tokens[:n_keep], confidence[:n_keep]
         return Draft(tokens, probs or None, self.name, confidence, held, catch_up, False)
 
-    def _propose(self, rows: np.ndarray, head_confidence: np.ndarray | None, position: int,
-                 gate: DraftGate | None, catch_up: float) -> Draft:
+    def _propose(self, rows: np.ndarray | list[Survivors], head_confidence: np.ndarray | None,
+                 position: int, gate: DraftGate | None, catch_up: float) -> Draft:
         """Each row's distribution and confidence (known before any draw: a stop never depends on a
         drawn token, which would bias what is proposed), the prefix the gate and p_min keep, then the
-        draws."""
+        draws. Rows filtered in llama.cpp's graph come as their survivors (banned ids left out there)."""
         sampler = self._sampler
         params = sampler.params.unbanned
         width = self.target.n_vocab
+        if not isinstance(rows, list):
+            rows = [rows[i, :width] for i in range(len(rows))]
         qs: list[Dist | None] = []
         confidence: list[float] = []
-        for i in range(len(rows)):
-            row = rows[i, :width]
-            mask_banned(row[None, :], sampler.params.banned)
+        for i, row in enumerate(rows):
+            if not isinstance(row, Survivors):
+                mask_banned(row[None, :], sampler.params.banned)
             q = None if params.greedy else distribution(row, params, width=width)
             qs.append(q)
             if head_confidence is not None:
@@ -188,7 +193,7 @@ class BlockDrafter(HeadDrafter):
 
         def draw(i: int) -> int:
             q = qs[i]
-            return greedy_token(rows[i, :width], params.banned) if q is None else \
+            return greedy_token(rows[i], params.banned) if q is None else \
                 sampler.draft_draw(q, position + i, position)
 
         tokens = [draw(i) for i in range(n_keep)]
