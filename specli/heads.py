@@ -36,13 +36,15 @@ from specli.llama import (
     ClosedWhenCollected,
     ContextFullError,
     DecodeAborted,
-    FilteredRows,
     GraphFilters,
     LlamaError,
     Model,
     ModelOptions,
+    attach_filters,
     batch_invariant_cache,
     buffer_view,
+    detach_filters,
+    filtered_output,
     repacks,
 )
 from specli.llama_log import ensure_backend
@@ -501,18 +503,13 @@ class SideContext(ClosedWhenCollected):
             return
         if self._chain is not None:
             chain, self._chain = self._chain, None
-            llc.llama_set_sampler(self._ctx, 0, None)
-            llc.llama_sampler_free(chain)
+            detach_filters(self._ctx, chain)
         self.filters = filters
 
     def _attach_filters(self) -> None:
         """Before a decode with an output row: the chain of `filters`, if any and not attached yet."""
         if self.filters is not None and self._chain is None:
-            chain = self.filters.chain(self.n_vocab)
-            if not llc.llama_set_sampler(self._ctx, 0, chain):
-                llc.llama_sampler_free(chain)
-                raise LlamaError(f"{self.label}: llama.cpp cannot run these filters in its graph")
-            self._chain = chain
+            self._chain = attach_filters(self._ctx, self.filters, self.n_vocab, self.label)
 
     def _last_row(self) -> np.ndarray | Survivors:
         """The last decode's output row: its logits (a view, valid until the next decode), or with the
@@ -524,15 +521,7 @@ class SideContext(ClosedWhenCollected):
         the filters attached each row's survivors (copies)."""
         if self._chain is None:
             return self._logits(n)
-        ctx = self._ctx
-        counts = [llc.llama_get_sampled_logits_count_ith(ctx, i) for i in range(-n, 0)]
-        logits_ptr = llc.llama_get_sampled_logits_ith(ctx, -n)
-        ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, -n)
-        if not logits_ptr or not ids_ptr or not all(counts):
-            raise LlamaError(f"{self.label}: llama.cpp's graph filtered no rows")
-        views = self._filtered_views  # rows lie n_vocab apart in llama.cpp's buffers
-        rows = FilteredRows(buffer_view(views, logits_ptr, n, self.n_vocab),
-                            buffer_view(views, ids_ptr, n, self.n_vocab), counts)
+        rows = filtered_output(self._ctx, n, self.n_vocab, self._filtered_views, self.label)
         return [Survivors(*rows.survivors(i)) for i in range(n)]
 
     def close(self) -> None:

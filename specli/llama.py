@@ -243,6 +243,38 @@ class FilteredRows:
         return int(self._ids[i, 0]), float(self._logits[i, 0])
 
 
+def attach_filters(ctx: llc.llama_context_p, filters: GraphFilters, n_vocab: int,
+                   what: str) -> llc.llama_sampler_p:
+    """A new chain of `filters` attached to sequence 0 of `ctx` (llama.cpp's backend sampling); an
+    error naming `what` where its graph cannot run them."""
+    chain = filters.chain(n_vocab)
+    if not llc.llama_set_sampler(ctx, 0, chain):
+        llc.llama_sampler_free(chain)
+        raise LlamaError(f"{what}: llama.cpp cannot run these filters in its graph")
+    return chain
+
+
+def detach_filters(ctx: llc.llama_context_p, chain: llc.llama_sampler_p) -> None:
+    """Take `chain` off `ctx` (its next decode's rows cross whole) and free it."""
+    llc.llama_set_sampler(ctx, 0, None)
+    llc.llama_sampler_free(chain)
+
+
+def filtered_output(ctx: llc.llama_context_p, rows: int, n_vocab: int,
+                    views: dict[tuple[int, int], np.ndarray], what: str) -> FilteredRows:
+    """The last decode's last `rows` output rows as llama.cpp's graph filtered them, in batch order
+    (views of its buffers, kept in `views`, valid until the next decode)."""
+    first = -rows  # output rows counted from the end
+    counts = [llc.llama_get_sampled_logits_count_ith(ctx, i) for i in range(first, 0)]
+    logits_ptr = llc.llama_get_sampled_logits_ith(ctx, first)
+    ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, first)
+    if not logits_ptr or not ids_ptr or not all(counts):
+        raise LlamaError(f"{what}: llama.cpp's graph filtered no rows")
+    # Rows lie n_vocab apart in llama.cpp's buffers.
+    return FilteredRows(buffer_view(views, logits_ptr, rows, n_vocab),
+                        buffer_view(views, ids_ptr, rows, n_vocab), counts)
+
+
 # -- the model -----------------------------------------------------------------------------------------
 
 
@@ -696,16 +728,11 @@ class Model(ClosedWhenCollected):
 
     def _attach(self) -> None:
         assert self._filters is not None and self._chain is None
-        chain = self._filters.chain(self.n_vocab)
-        if not llc.llama_set_sampler(self._ctx, 0, chain):
-            llc.llama_sampler_free(chain)
-            raise LlamaError(f"{self.path.name}: llama.cpp cannot run these filters in its graph")
-        self._chain = chain
+        self._chain = attach_filters(self._ctx, self._filters, self.n_vocab, self.path.name)
 
     def _detach(self) -> None:
         chain, self._chain = self._chain, None
-        llc.llama_set_sampler(self._ctx, 0, None)
-        llc.llama_sampler_free(chain)
+        detach_filters(self._ctx, chain)
 
     def decode_filtered(self, tokens: Sequence[int], *, outputs: str = "all") -> FilteredRows:
         """decode(), with the output rows filtered in llama.cpp's graph by the filters set
@@ -717,18 +744,8 @@ class Model(ClosedWhenCollected):
             raise ValueError(f"at most {self.filtered_rows} filtered rows a decode, not {len(tokens)}")
         if self._chain is None:
             self._attach()
-        rows = self._run(tokens, outputs)
-        ctx = self._ctx
-        first = -rows  # output rows counted from the end: the last chunk's, in batch order
-        counts = [llc.llama_get_sampled_logits_count_ith(ctx, i) for i in range(first, 0)]
-        logits_ptr = llc.llama_get_sampled_logits_ith(ctx, first)
-        ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, first)
-        if not logits_ptr or not ids_ptr or not all(counts):
-            raise LlamaError(f"{self.path.name}: llama.cpp's graph filtered no rows")
-        # Rows lie n_vocab apart in llama.cpp's buffers.
-        views = self._filtered_views
-        return FilteredRows(buffer_view(views, logits_ptr, rows, self.n_vocab),
-                            buffer_view(views, ids_ptr, rows, self.n_vocab), counts)
+        rows = self._run(tokens, outputs)  # the last chunk's
+        return filtered_output(self._ctx, rows, self.n_vocab, self._filtered_views, self.path.name)
 
     def _decode_chunk(self, chunk: Sequence[int], outputs: str) -> int:
         b = self._batch
