@@ -429,25 +429,27 @@ class CostModel:
         if share is not None:
             self.best_share = max(self.best_share, share)
             if share < STARVED * self.best_share:
-                new = m not in self.starved and m not in self.verify
-                self.starved.setdefault(m, deque(maxlen=self.window)).append((seconds, position))
+                new = self._append(self.starved, m, (seconds, position)) and m not in self.verify
                 self._stale += 1
                 if new:
                     self._refit(self._position)
                 return
-        samples = self.verify.get(m)
-        new = samples is None
-        if new:  # (setdefault would build a deque every round: this runs once a token)
-            samples = self.verify[m] = deque(maxlen=self.window)
-        samples.append((seconds, position))
-        shares = self._verify_share.get(m)
-        if shares is None:
-            shares = self._verify_share[m] = deque(maxlen=self.window)
-        shares.append(share)
+        new = self._append(self.verify, m, (seconds, position))
+        self._append(self._verify_share, m, share)
         self._stale += 1
         if new:
             self._forget_other_samples(m)
             self._refit(self._position)
+
+    def _append(self, windows: dict, m: int, sample: object) -> bool:
+        """`sample` into the window of size m, made at its first sample; whether it was (setdefault
+        would build a deque every call, and this runs once a token)."""
+        window = windows.get(m)
+        if window is None:
+            windows[m] = deque((sample,), maxlen=self.window)
+            return True
+        window.append(sample)
+        return False
 
     def observe_draft(self, source: str, tokens: int, seconds: float, decay: float = DRAFT_DECAY) -> None:
         # A model's first single-token decodes build their graphs: on a small draft that can take
