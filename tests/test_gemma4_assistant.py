@@ -25,17 +25,18 @@ from test_bench_server import needs_llama_server, runner
 from test_trained_drafters import (
     DEFAULT_FILTERS,
     N_CTX,
-    PROMPT,
     check_rows_filtered_in_the_graph,
     check_the_exported_llama_server,
     check_the_rejection_rule,
+    context_after_rejections,
+    fresh_next_draft,
     generate,
     llama_speculative_simple,
     next_draft,
     quantized_q4_k_m,
 )
 
-from specli import GenerationParams, SamplingParams, load
+from specli import SamplingParams, load
 from specli.cli import app
 from specli.drafters.registry import DRAFTERS, drafter_kind
 from specli.gguf_info import read_gguf_info
@@ -151,11 +152,7 @@ def test_after_rejections_a_draft_is_a_fresh_runs(gemma4_q8, random: bool, monke
     it does not (the check can fail)."""
     head = assistant(gemma4_q8, random)
     with load(gemma4_q8.target, head, n_ctx=N_CTX, n_threads=1) as spec:
-        generation = spec.generate(PROMPT, GenerationParams(max_tokens=100, sampling=GREEDY, draft_max=4,
-                                                            ignore_eos=True)).complete()
-        stats = generation.stats.as_dict()
-        assert stats["accepted"] < stats["drafted"] and (random or stats["accepted"] > 20)
-        context = list(generation.context)
+        context = context_after_rejections(spec, random)
         kept = next_draft(spec, context)
         target = spec.target
         with monkeypatch.context() as patch:
@@ -166,9 +163,7 @@ def test_after_rejections_a_draft_is_a_fresh_runs(gemma4_q8, random: bool, monke
         target.truncate(n - 3)
         target.decode([context[n - 2], context[n - 2]], outputs="none")  # position n - 3 holds another token
         wrong_row = next_draft(spec, context)
-    with load(gemma4_q8.target, head, n_ctx=N_CTX, n_threads=1) as fresh:
-        fresh.target.decode(context[:-1], outputs="none")
-        expected = next_draft(fresh, context)
+    expected = fresh_next_draft(gemma4_q8.target, head, context)
     assert len(kept) == len(expected) == 4
     assert all(np.array_equal(a, b) for a, b in zip(kept, expected, strict=True))
     for spoilt in (wrong_h, wrong_row):

@@ -351,6 +351,23 @@ def next_draft(spec, context: list[int]) -> list[np.ndarray]:
     return [q.dense() for q in spec.drafter.draft(context, 4).probs]
 
 
+def fresh_next_draft(target: Path, head: Path, context: list[int]) -> list[np.ndarray]:
+    """`next_draft` of a drafter loaded afresh, the target having decoded the committed context."""
+    with load(target, head, n_ctx=N_CTX, n_threads=1) as fresh:
+        fresh.target.decode(context[:-1], outputs="none")
+        return next_draft(fresh, context)
+
+
+def context_after_rejections(spec, random: bool) -> list[int]:
+    """The context after 100 greedy tokens with k = 4: drafts accepted in part and rejected after (a
+    random head's rejected all along)."""
+    generation = spec.generate(PROMPT, GenerationParams(max_tokens=100, sampling=GREEDY, draft_max=4,
+                                                        ignore_eos=True)).complete()
+    stats = generation.stats.as_dict()
+    assert stats["accepted"] < stats["drafted"] and (random or stats["accepted"] > 20)
+    return list(generation.context)
+
+
 def spoil_one_position(drafter, context: list[int], position: int) -> None:
     """Put one position of the head's state back wrong, as a rollback that left a drafted row behind
     would: EAGLE-3's pair read with a state of zeros, DFlash's features of zeros."""
@@ -378,17 +395,11 @@ def test_rollback_leaves_the_head_as_a_fresh_run_would(q8_set, kind: str, random
     position of its state spoilt they do not (the check can fail)."""
     head = head_file(q8_set, kind, random)
     with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as spec:
-        generation = spec.generate(PROMPT, GenerationParams(max_tokens=100, sampling=GREEDY, draft_max=4,
-                                                            ignore_eos=True)).complete()
-        stats = generation.stats.as_dict()
-        assert stats["accepted"] < stats["drafted"] and (random or stats["accepted"] > 20)
-        context = list(generation.context)
+        context = context_after_rejections(spec, random)
         kept = next_draft(spec, context)
         spoil_one_position(spec.drafter, context, len(context) - 3)
         spoilt = next_draft(spec, context)
-    with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as fresh:
-        fresh.target.decode(context[:-1], outputs="none")
-        expected = next_draft(fresh, context)
+    expected = fresh_next_draft(q8_set.target, head, context)
     assert len(kept) == len(expected) == 4
     assert all(np.array_equal(a, b) for a, b in zip(kept, expected, strict=True))
     assert not all(np.array_equal(a, b) for a, b in zip(spoilt, expected, strict=True))
@@ -416,9 +427,7 @@ def test_a_head_that_rested_reads_what_it_missed_as_a_fresh_run_would(q8_set, ki
     with load(q8_set.target, None, n_ctx=N_CTX, n_threads=1) as plain:
         tokens = plain.generate(PROMPT, replace(params, max_tokens=120, draft_max=0)).complete().context
     assert context == list(tokens)
-    with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as fresh:
-        fresh.target.decode(context[:-1], outputs="none")
-        expected = next_draft(fresh, context)
+    expected = fresh_next_draft(q8_set.target, head, context)
     assert all(np.array_equal(a, b) for a, b in zip(kept, expected, strict=True))
 
 
