@@ -477,6 +477,13 @@ class CostModel:
         _observe_warm(self.catch_up, self._catch_up_seen, source, seconds, positions, decay,
                       self._catch_up_recent.setdefault(source, deque(maxlen=self.window)))
 
+    def timed_catch_up(self, source: str, positions: int, seconds: float) -> None:
+        """A catch-up of `positions` that `source`'s drafter timed at load on a warm pass
+        (Drafter.catch_up_costs, its fixed cost taken off): a sample from the first, so that auto can
+        weigh watching the source before a shadow in a generation has paid for one."""
+        self._catch_up_seen.add(source)
+        self.observe_catch_up(source, positions, seconds)
+
     def catch_up_seconds_per_position(self, source: str) -> float | None:
         """What catching `source` up costs per committed position it had not read (None: not timed)."""
         return _cost(self.catch_up.get(source), self._catch_up_recent.get(source))

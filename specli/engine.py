@@ -160,6 +160,8 @@ class SpeculativeEngine:
                 self.costs.warmed(source)
             for source, seconds in drafter.watch_costs().items():
                 self.costs.observe_watch(source, seconds)
+            for source, (positions, seconds) in drafter.catch_up_costs().items():
+                self.costs.timed_catch_up(source, positions, seconds)
 
     def generate(self, prompt: Sequence[int], params: GenerationParams) -> Generation:
         """A generation that continues `prompt` (token ids, BOS included), as an iterable of events.

@@ -25,6 +25,7 @@ from test_bench_server import needs_llama_server, runner
 from test_trained_drafters import (
     DEFAULT_FILTERS,
     N_CTX,
+    PROMPT,
     check_rows_filtered_in_the_graph,
     check_the_exported_llama_server,
     check_the_rejection_rule,
@@ -168,6 +169,28 @@ def test_after_rejections_a_draft_is_a_fresh_runs(gemma4_q8, random: bool, monke
     assert all(np.array_equal(a, b) for a, b in zip(kept, expected, strict=True))
     for spoilt in (wrong_h, wrong_row):
         assert not all(np.array_equal(a, b) for a, b in zip(spoilt, expected, strict=True))
+
+
+def test_its_warm_up_at_load_leaves_no_trace(gemma4_q8, monkeypatch) -> None:
+    """At load the assistant runs one step (a process's first costs ~1.5x a later one; -k auto then
+    times its first look as a warm one): the target's cache is still empty, and the first draft equals,
+    bit for bit, that of a load without the warm-up."""
+    head = assistant(gemma4_q8)
+
+    def first_draft(spec) -> list[np.ndarray]:
+        context = spec.tokenize(PROMPT)
+        spec.target.decode(context[:-1], outputs="none")
+        return next_draft(spec, context)
+
+    with load(gemma4_q8.target, head, n_ctx=N_CTX, n_threads=1) as spec:
+        assert spec.engine.costs.warmed_up(spec.drafter.sources[0].name) and spec.target.n_past == 0
+        warmed = first_draft(spec)
+    monkeypatch.setattr(type(spec.drafter), "warm_up", lambda self: ())
+    with load(gemma4_q8.target, head, n_ctx=N_CTX, n_threads=1) as cold:
+        assert not cold.engine.costs.warmed_up(cold.drafter.sources[0].name)
+        expected = first_draft(cold)
+    assert len(warmed) == len(expected) == 4
+    assert all(np.array_equal(a, b) for a, b in zip(warmed, expected, strict=True))
 
 
 # -- refusals -----------------------------------------------------------------------------------------

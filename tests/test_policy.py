@@ -620,6 +620,29 @@ def test_a_source_whose_catch_up_alone_costs_more_than_shadows_may_rests() -> No
     assert not cheap.resting() and sum(looks[100:]) >= 2
 
 
+def test_a_catch_up_timed_at_load_rests_a_dear_source_before_any_shadow() -> None:
+    """A trained head's drafter times a catch-up at load (Drafter.catch_up_costs): a declined source
+    whose catch-up is dear rests at its first verdict, before a shadow has caught it up on the plain
+    tokens since the last look (a random EAGLE-3 head's first generation here paid two such catch-ups,
+    ~2 % of it, when only a shadow's priced them and the first counted as cold). A cheap timed catch-up
+    keeps the shadows."""
+    dear, cheap = _gated(c_draft=0.004), _gated(c_draft=0.004)
+    dear.costs.timed_catch_up("draft", 16, 16 * 0.0025)  # 8 % of a 30.8 ms target token a position
+    cheap.costs.timed_catch_up("draft", 16, 16 * 0.0003)
+    for policy in (dear, cheap):
+        for _ in range(30):
+            policy.learned.calibration["draft"].observe_first(0.3)
+    looks = _watch(dear, 300, per_position=0.0025)
+    assert dear.resting() == {"draft"} and not any(looks)  # its steps timed already: not one shadow
+    assert dear.costs.catch_up_seconds_per_position("draft") == pytest.approx(0.0025)
+    untimed = _gated(c_draft=0.004)  # priced from shadows alone: two catch-ups, the first cold
+    for _ in range(30):
+        untimed.learned.calibration["draft"].observe_first(0.3)
+    untimed_looks = _watch(untimed, 300, per_position=0.0025)
+    assert untimed.resting() == {"draft"} and sum(untimed_looks) == 2, sum(untimed_looks)
+    assert not cheap.resting() and sum(_watch(cheap, 300, per_position=0.0003)[100:]) >= 2
+
+
 def test_a_source_whose_features_make_watching_dear_rests() -> None:
     """Watching a trained head also costs what its features add to every plain token (the target hands
     out its layer inputs at each decode; its drafter times them at load, Drafter.watch_costs): a

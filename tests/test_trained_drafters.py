@@ -459,12 +459,13 @@ def test_a_block_drafters_warm_up_leaves_no_trace_and_its_first_step_is_timed(q8
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_timing_the_features_at_load_leaves_no_trace(q8_set, kind: str, monkeypatch) -> None:
-    """At load a head's drafter times the target's one-token decode with its features on and off (what
-    watching a declined head adds to each plain token, which -k auto weighs before it watches one): on
-    this fast target the figure is there, the target's cache is empty and its features are recorded
-    from position 0, and the next round's distributions are, bit for bit, those of a load that did not
-    time them."""
+def test_what_a_head_times_at_load_leaves_no_trace(q8_set, kind: str, monkeypatch) -> None:
+    """At load a head's drafter runs a draft's shape once (Drafter.warm_up), times the target's one-token
+    decode with its features on and off (what watching a declined head adds to each plain token) and,
+    for EAGLE-3, a catch-up of 16 positions (what each position plain rounds commit costs the next
+    look): -k auto weighs them before it watches one. On this fast target the figures are there, the
+    target's and the head's caches are empty, the features are recorded from position 0, and the next
+    round's distributions are, bit for bit, those of a load that did none of it."""
     head = head_file(q8_set, kind)
 
     def first_round(spec) -> list[np.ndarray]:
@@ -473,14 +474,21 @@ def test_timing_the_features_at_load_leaves_no_trace(q8_set, kind: str, monkeypa
         return next_draft(spec, context)
 
     with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as spec:
-        watch = spec.engine.costs.watch_seconds_per_token(spec.drafter.sources[0].name)
+        costs, source = spec.engine.costs, spec.drafter.sources[0].name
+        watch = costs.watch_seconds_per_token(source)
         assert watch is not None and 0.0 <= watch < 0.005
+        catch_up = costs.catch_up_seconds_per_position(source)
+        assert (catch_up is not None and 0.0 < catch_up < 0.005) if kind == "eagle3" else catch_up is None
         features = spec.drafter.features
-        assert spec.target.n_past == 0 and not features.paused and features.held() == (0, 0)
+        assert spec.target.n_past == 0 and spec.drafter.head.n_past == 0
+        assert not features.paused and features.held() == (0, 0)
         timed = first_round(spec)
-    monkeypatch.setattr(type(spec.drafter), "watch_costs", lambda self: {})
+    for method, nothing in (("warm_up", ()), ("watch_costs", {}), ("catch_up_costs", {})):
+        monkeypatch.setattr(type(spec.drafter), method, lambda self, nothing=nothing: nothing)
     with load(q8_set.target, head, n_ctx=N_CTX, n_threads=1) as untimed:
-        assert untimed.engine.costs.watch_seconds_per_token(untimed.drafter.sources[0].name) is None
+        costs, source = untimed.engine.costs, untimed.drafter.sources[0].name
+        assert costs.watch_seconds_per_token(source) is None
+        assert costs.catch_up_seconds_per_position(source) is None
         expected = first_round(untimed)
     assert len(timed) == len(expected) == 4
     assert all(np.array_equal(a, b) for a, b in zip(timed, expected, strict=True))

@@ -38,6 +38,15 @@ class AssistantDrafter(Drafter):
         # Its rows are filtered in llama.cpp's graph where the run filters the target's there.
         self.assistant.set_filters(draft_filters(sampler, self.assistant.n_vocab))
 
+    def warm_up(self) -> tuple[str, ...]:
+        # A process's first step costs ~1.5x a later one here: paid at load, the first look is a warm
+        # one (CostModel.warmed), which alone settles a declined verdict. Position 0 reads nothing of
+        # the target's cache (empty at load) and the assistant keeps nothing: no state to restore.
+        if self.target.n_past:
+            return ()
+        self.assistant.step(max(0, self.target.vocab_info().bos), 0, None)
+        return tuple(source.name for source in self.sources)
+
     def draft(self, context: list[int], k: int, gate: DraftGate | None = None) -> Draft:
         target, assistant = self.target, self.assistant
         pos = len(context) - 1  # the pending token's position

@@ -244,6 +244,14 @@ class Drafter(ABC):
         or was not timed."""
         return {}
 
+    def catch_up_costs(self) -> dict[str, tuple[int, float]]:
+        """At load, after warm_up: per source that reads what plain rounds committed only when a draft
+        is asked for (a trained head), (positions, seconds) of a warm catch-up, a one-position
+        decode's time taken off (auto prices one in a generation so): -k auto then weighs watching a
+        declined source (policy.WATCH_SHARE) before a shadow has paid for a catch-up. A source not
+        here was not timed."""
+        return {}
+
     @property
     def decode_seconds(self) -> float:
         """Seconds this drafter spent inside llama_decode (0 for drafters without a model)."""

@@ -22,6 +22,10 @@ from specli.heads import Eagle3Context, HeadModel
 from specli.llama import Model
 from specli.sampling import Sampler
 
+# Positions of the catch-up timed at load (catch_up_costs): as many as a shadow's gap reads on a CPU,
+# and few enough that a large head times them in a fraction of its load.
+CATCH_UP_TIMED = 16
+
 
 class Eagle3Drafter(HeadDrafter):
     """Drafts with an EAGLE-3 head (HeadModel, which it takes over) beside `target`.
@@ -88,6 +92,37 @@ class Eagle3Drafter(HeadDrafter):
             self._seen = list(context)
         draft.first_in_catch_up = False  # position 0 is a decode of its own, after the catch-up
         return draft
+
+    def warm_up(self) -> tuple[str, ...]:
+        # A draft step's shape (one token, its logits) run once at load: the first look is timed warm.
+        if self.head.n_past:
+            return ()
+        try:
+            self.head.decode([max(0, self.target.vocab_info().bos)], self._g[:1], output=True)
+        finally:
+            self.head.truncate(0)
+        return tuple(source.name for source in self.sources)
+
+    def catch_up_costs(self) -> dict[str, tuple[int, float]]:
+        # Priced from shadows alone (the first left out as cold), a dear catch-up was paid twice in a
+        # process's first generation before the head could rest (lab/history.md, 2026-11-28).
+        head = self.head
+        if head.n_past:
+            return {}
+        token = max(0, self.target.vocab_info().bos)
+        features = np.zeros((CATCH_UP_TIMED, self.features.width), np.float32)
+
+        def timed(n: int) -> float:
+            started = time.perf_counter()
+            try:
+                head.decode([token] * n, head.encode(features[:n]), output=False)
+                return time.perf_counter() - started
+            finally:
+                head.truncate(0)
+
+        timed(CATCH_UP_TIMED)  # the first pass of its shape: the head's weights read in, its buffers made
+        one, whole = timed(1), timed(CATCH_UP_TIMED)
+        return {source.name: (CATCH_UP_TIMED, max(0.0, whole - one)) for source in self.sources}
 
     def reset(self) -> None:
         super().reset()
