@@ -120,6 +120,33 @@ def test_mtp_rollback_gives_the_logits_of_a_fresh_evaluation(mtp_model) -> None:
                 context.close()
 
 
+def test_what_the_mtp_drafter_times_at_load_leaves_no_trace(mtp_model, monkeypatch) -> None:
+    """At load the MTP drafter runs a draft step's shape once (its first look is then timed warm) and
+    times a catch-up of 16 positions (what each position plain rounds commit costs its next look,
+    which -k auto weighs before it watches a declined head): the figures are there, the MTP context is
+    empty, and the first draft's distributions are, bit for bit, those of a load that did neither."""
+    from test_trained_drafters import next_draft
+
+    def first_draft(spec) -> list[np.ndarray]:
+        context = spec.tokenize(PROMPTS[0])
+        spec.target.decode(context[:-1], outputs="none")
+        return next_draft(spec, context)
+
+    with load(mtp_model, "mtp", n_ctx=512, n_threads=1) as spec:
+        costs, source = spec.engine.costs, spec.drafter.sources[0].name
+        assert costs.warmed_up(source) and costs.catch_up_seconds_per_position(source) is not None
+        assert spec.drafter.mtp.n_past == 0 and spec.drafter.mtp.tokens == []
+        timed = first_draft(spec)
+    monkeypatch.setattr(type(spec.drafter), "warm_up", lambda self: ())
+    monkeypatch.setattr(type(spec.drafter), "catch_up_costs", lambda self: {})
+    with load(mtp_model, "mtp", n_ctx=512, n_threads=1) as untimed:
+        costs, source = untimed.engine.costs, untimed.drafter.sources[0].name
+        assert not costs.warmed_up(source) and costs.catch_up_seconds_per_position(source) is None
+        expected = first_draft(untimed)
+    assert len(timed) == len(expected) == 4
+    assert all(np.array_equal(a, b) for a, b in zip(timed, expected, strict=True))
+
+
 def test_mtp_context_needs_a_target_loaded_with_its_mtp_layers(mtp_model) -> None:
     with Model(mtp_model, ModelOptions(n_ctx=256, n_threads=1)) as target:
         with pytest.raises(LlamaError, match="load_mtp"):

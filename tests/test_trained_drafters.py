@@ -478,7 +478,7 @@ def test_what_a_head_times_at_load_leaves_no_trace(q8_set, kind: str, monkeypatc
         watch = costs.watch_seconds_per_token(source)
         assert watch is not None and 0.0 <= watch < 0.005
         catch_up = costs.catch_up_seconds_per_position(source)
-        assert (catch_up is not None and 0.0 < catch_up < 0.005) if kind == "eagle3" else catch_up is None
+        assert (catch_up is not None and 0.0 <= catch_up < 0.005) if kind == "eagle3" else catch_up is None
         features = spec.drafter.features
         assert spec.target.n_past == 0 and spec.drafter.head.n_past == 0
         assert not features.paused and features.held() == (0, 0)

@@ -5,6 +5,7 @@ A new drafter is a new file implementing `Drafter`; the engine does not change.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -259,6 +260,31 @@ class Drafter(ABC):
 
     def close(self) -> None:
         """Free what the drafter holds."""
+
+
+# Positions of the catch-up a catching-up drafter times at load (`timed_catch_up`): as many as a
+# shadow's gap reads on a CPU, and few enough that a large head times them in a fraction of its load.
+CATCH_UP_TIMED = 16
+
+
+def timed_catch_up(catch_up: Callable[[int], object], undo: Callable[[], object]) -> tuple[int, float]:
+    """(positions, seconds) of a warm catch-up of CATCH_UP_TIMED positions, a one-position one's time
+    taken off (Drafter.catch_up_costs): `catch_up(n)` reads n positions into an empty state, `undo`
+    empties it again. The faster of two each: a first pass of a shape costs up to ~1.8x a warm one
+    (buffers made, weights read in), and a slow one-position pass would hide the positions' cost."""
+    def timed(n: int) -> float:
+        started = time.perf_counter()
+        try:
+            catch_up(n)
+            return time.perf_counter() - started
+        finally:
+            undo()
+
+    ones, wholes = [], []
+    for _ in range(2):
+        ones.append(timed(1))
+        wholes.append(timed(CATCH_UP_TIMED))
+    return CATCH_UP_TIMED, max(0.0, min(wholes) - min(ones))
 
 
 class CatchingUpDrafter(Drafter):

@@ -16,15 +16,18 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import Draft, DraftGate, draft_filters, draft_positions
+from specli.drafters.base import (
+    CATCH_UP_TIMED,
+    Draft,
+    DraftGate,
+    draft_filters,
+    draft_positions,
+    timed_catch_up,
+)
 from specli.drafters.head import HeadDrafter
 from specli.heads import Eagle3Context, HeadModel
 from specli.llama import Model
 from specli.sampling import Sampler
-
-# Positions of the catch-up timed at load (catch_up_costs): as many as a shadow's gap reads on a CPU,
-# and few enough that a large head times them in a fraction of its load.
-CATCH_UP_TIMED = 16
 
 
 class Eagle3Drafter(HeadDrafter):
@@ -111,18 +114,9 @@ class Eagle3Drafter(HeadDrafter):
             return {}
         token = max(0, self.target.vocab_info().bos)
         features = np.zeros((CATCH_UP_TIMED, self.features.width), np.float32)
-
-        def timed(n: int) -> float:
-            started = time.perf_counter()
-            try:
-                head.decode([token] * n, head.encode(features[:n]), output=False)
-                return time.perf_counter() - started
-            finally:
-                head.truncate(0)
-
-        timed(CATCH_UP_TIMED)  # the first pass of its shape: the head's weights read in, its buffers made
-        one, whole = timed(1), timed(CATCH_UP_TIMED)
-        return {source.name: (CATCH_UP_TIMED, max(0.0, whole - one)) for source in self.sources}
+        timing = timed_catch_up(lambda n: head.decode([token] * n, head.encode(features[:n]), output=False),
+                                lambda: head.truncate(0))
+        return {source.name: timing for source in self.sources}
 
     def reset(self) -> None:
         super().reset()

@@ -15,7 +15,16 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import CatchingUpDrafter, Draft, DraftGate, Source, draft_filters, draft_positions
+from specli.drafters.base import (
+    CATCH_UP_TIMED,
+    CatchingUpDrafter,
+    Draft,
+    DraftGate,
+    Source,
+    draft_filters,
+    draft_positions,
+    timed_catch_up,
+)
 from specli.heads import MTPContext
 from specli.llama import Model
 from specli.sampling import (
@@ -125,6 +134,28 @@ class MTPDrafter(CatchingUpDrafter):
             )
         finally:
             mtp.truncate(n)  # drafted positions hold MTP hidden states, not the target's
+
+    def warm_up(self) -> tuple[str, ...]:
+        # A draft step's shape run once at load: the first look is timed warm (CostModel.warmed).
+        mtp = self.mtp
+        if mtp.n_past:
+            return ()
+        try:
+            mtp.decode([max(0, self.target.vocab_info().bos)], mtp.zeros()[None, :])
+        finally:
+            mtp.truncate(0)
+        return tuple(source.name for source in self.sources)
+
+    def catch_up_costs(self) -> dict[str, tuple[int, float]]:
+        # Each committed position a look reads costs a layer of the target (and the look its logits):
+        # timed here, -k auto can weigh watching a declined head before a shadow pays for a catch-up.
+        mtp = self.mtp
+        if mtp.n_past:
+            return {}
+        token = max(0, self.target.vocab_info().bos)
+        hidden = np.zeros((CATCH_UP_TIMED, self.target.n_embd), np.float32)
+        timing = timed_catch_up(lambda n: mtp.decode([token] * n, hidden[:n]), lambda: mtp.truncate(0))
+        return {source.name: timing for source in self.sources}
 
     def reset(self) -> None:
         self.mtp.reset()
