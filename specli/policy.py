@@ -450,6 +450,12 @@ class DraftPolicy:
     def observe(self, report: RoundReport) -> None:
         """Feedback after a round."""
 
+    def observe_rested(self, source: str, verify_seconds: float, position: int,
+                       cpu_share: float | None) -> None:
+        """A plain round while every source rests (`resting`): the proposer asked nothing (`decide`
+        was not called; `source` is the one last asked). What `observe` learns of such a round."""
+        self.observe(RoundReport(None, 0, 0, 0.0, verify_seconds, 0, position=position, cpu_share=cpu_share))
+
     def resting(self) -> frozenset[str]:
         """Sources this generation will not ask again (their drafter may stop keeping ready)."""
         return frozenset()
@@ -706,20 +712,14 @@ class AutoK(DraftPolicy):
 
     def observe(self, report: RoundReport) -> None:
         self._round_inputs = None
-        self.emitted += report.accepted + 1
         if report.drafted:
             self.tally["drafted"] += 1
         elif report.source is not None and report.first_confidence is None:
             self.tally["nothing"] += 1  # asked, it proposed nothing (n-gram lookup found no match)
         else:
             self.tally["declined" if self._plan == "offered" else self._plan] += 1
-        if self.hopeless:
-            self._since_recheck += report.draft_seconds + report.verify_seconds
-        self.costs.observe_verify(report.drafted + 1 + report.padding, report.verify_seconds, report.position,
-                                  report.cpu_share)
-        self.rate[0] = RATE_DECAY * self.rate[0] + report.accepted + 1
-        self.rate[1] = RATE_DECAY * self.rate[1] + report.draft_seconds + report.verify_seconds
-        self.plain_rounds = 0 if report.drafted else self.plain_rounds + 1
+        self._observe_round(report.drafted, report.accepted, report.padding, report.draft_seconds,
+                            report.verify_seconds, report.position, report.cpu_share)
         source = report.source
         if source is not None:
             self._quiet = None  # what the drafter showed is priced in the next round
@@ -731,8 +731,7 @@ class AutoK(DraftPolicy):
                 debt = max(0.0, report.catch_up_seconds - (fixed or 0.0))
                 self.costs.observe_catch_up(source, unread, debt)
             self._unread[source] = 0
-        for asked in self._unread:
-            self._unread[asked] += report.accepted + 1
+        self._count_unread(report.accepted + 1)
         if source is None:
             return
         if report.positions:
@@ -752,6 +751,30 @@ class AutoK(DraftPolicy):
             cal.observe_after(before, after)
         if report.held is not None:
             cal.observe(*report.held)
+
+    def observe_rested(self, source: str, verify_seconds: float, position: int,
+                       cpu_share: float | None) -> None:
+        # The plan decide() would give: the cause `source` rests for.
+        self.asked[source] += 1
+        self.tally[self.rests.get(source, "declined")] += 1
+        self._observe_round(0, 0, 0, 0.0, verify_seconds, position, cpu_share)
+        self._count_unread(1)
+
+    def _observe_round(self, drafted: int, accepted: int, padding: int, draft_seconds: float,
+                       verify_seconds: float, position: int, cpu_share: float | None) -> None:
+        """What every round teaches, asked or not: the verify's cost and the recent rate."""
+        self.emitted += accepted + 1
+        if self.hopeless:
+            self._since_recheck += draft_seconds + verify_seconds
+        self.costs.observe_verify(drafted + 1 + padding, verify_seconds, position, cpu_share)
+        self.rate[0] = RATE_DECAY * self.rate[0] + accepted + 1
+        self.rate[1] = RATE_DECAY * self.rate[1] + draft_seconds + verify_seconds
+        self.plain_rounds = 0 if drafted else self.plain_rounds + 1
+
+    def _count_unread(self, tokens: int) -> None:
+        """A round committed `tokens` that no source has read yet."""
+        for asked in self._unread:
+            self._unread[asked] += tokens
 
     def holdback(self) -> Holdback | None:
         """Why plain rounds gave more than half of this generation's tokens, from auto's own figures:

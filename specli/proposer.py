@@ -141,6 +141,7 @@ class DraftingProposer(Proposer):
         self._verify_share = CpuShare()  # from `batch_size`, just before the verify, to `observe`
         self._block = {s.name: s.block for s in drafter.sources}
         self._resting: bool | None = None  # what the drafter was last told (`_rest`)
+        self._asked = drafter.sources[0].name  # the source the policy was last asked about
 
     def prepare(self) -> None:
         self._rest()
@@ -159,7 +160,12 @@ class DraftingProposer(Proposer):
 
     def propose(self, context: list[int], limit: int, left: int | None = None) -> Draft:
         drafter = self.drafter
-        source = drafter.next_source(context)
+        if self._resting:
+            # Every source rests for the rest of this generation: nothing to ask or report but the
+            # round itself (`observe_rested`; a fast target's token leaves a few microseconds).
+            self._source = None
+            return Draft.empty(drafter.name)
+        source = self._asked = drafter.next_source(context)
         decision = self.policy.decide(source, limit, left, position=len(context) - 1)
         # At k = 0 with a look, the gate holds position 0: the drafter proposes nothing, and what it
         # would have proposed there is scored against the target's row (a shadow).
@@ -171,7 +177,7 @@ class DraftingProposer(Proposer):
         return drafter.draft(context, k, self.policy.gate(source, decision))
 
     def batch_size(self, m: int, m_max: int) -> int:
-        size = self.policy.batch_size(m, m_max)
+        size = m if self._resting else self.policy.batch_size(m, m_max)  # a plain round's one token
         self._verify_share.start()
         return size
 
@@ -179,6 +185,10 @@ class DraftingProposer(Proposer):
         share = self._verify_share.stop()
         self.drafter.accept(result.context)
         draft, verdict = result.draft, result.verdict
+        if self._resting:
+            self.policy.observe_rested(self._asked, result.verify_seconds,
+                                       len(result.context) - len(verdict.tokens) - 1, share)
+            return  # a source that rests stays so until the generation ends
         k, held = len(draft.tokens), draft.held
         scored = None
         if held is not None and verdict.n_accepted == k:
