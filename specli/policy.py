@@ -450,11 +450,13 @@ class DraftPolicy:
     def observe(self, report: RoundReport) -> None:
         """Feedback after a round."""
 
-    def observe_rested(self, source: str, verify_seconds: float, position: int,
-                       cpu_share: float | None) -> None:
-        """A plain round while every source rests (`resting`): the proposer asked nothing (`decide`
-        was not called; `source` is the one last asked). What `observe` learns of such a round."""
-        self.observe(RoundReport(None, 0, 0, 0.0, verify_seconds, 0, position=position, cpu_share=cpu_share))
+    def observe_plain(self, source: str, draft_seconds: float, verify_seconds: float, position: int,
+                      cpu_share: float | None, rested: bool) -> None:
+        """A plain round in which the drafter was asked nothing: what `observe` learns from one, without
+        its report (a fast target's token leaves a few microseconds for a round's work). `source`: the
+        one `decide` was last asked about; `rested`: every source rests, and `decide` was not called."""
+        self.observe(RoundReport(None, 0, 0, draft_seconds, verify_seconds, 0, position=position,
+                                 cpu_share=cpu_share))
 
     def resting(self) -> frozenset[str]:
         """Sources this generation will not ask again (their drafter may stop keeping ready)."""
@@ -499,6 +501,7 @@ class AutoK(DraftPolicy):
     _since_recheck: float = field(default=0.0, repr=False)  # seconds decoded since a hopeless verdict
     _unread: dict[str, int] = field(default_factory=dict, repr=False)  # tokens since a source last read
     _quiet: tuple[str, int] | None = field(default=None, repr=False)  # declined until plain_rounds reach
+    _look_price: dict[str, float] = field(default_factory=dict, repr=False)  # `_recheck_due`'s, per source
 
     def __post_init__(self) -> None:
         for source in self.text_sources & self.learned.calibration.keys():
@@ -688,7 +691,10 @@ class AutoK(DraftPolicy):
         """Whether the rounds since a hopeless verdict (or the last recheck) took long enough that a
         look costs at most RECHECK_SHARE of them: a verdict from a busy spell, or from a cost file's
         verify curve, does not hold drafting off for the whole generation."""
-        look = max(self.costs.draft_seconds_per_token(source) or 0.0, self.costs.look_seconds(source) or 0.0)
+        look = self._look_price.get(source)
+        if look is None:  # priced again after each look (only a look changes what it costs)
+            look = self._look_price[source] = max(self.costs.draft_seconds_per_token(source) or 0.0,
+                                                  self.costs.look_seconds(source) or 0.0)
         return self._since_recheck * RECHECK_SHARE >= look
 
     def _shadow_gap(self, source: str, inputs: GateInputs) -> int:
@@ -734,6 +740,7 @@ class AutoK(DraftPolicy):
         self._count_unread(report.accepted + 1)
         if source is None:
             return
+        self._look_price.pop(source, None)
         if report.positions:
             self.costs.observe_draft(source, report.positions, report.draft_seconds)
         if not report.drafted:
@@ -752,12 +759,17 @@ class AutoK(DraftPolicy):
         if report.held is not None:
             cal.observe(*report.held)
 
-    def observe_rested(self, source: str, verify_seconds: float, position: int,
-                       cpu_share: float | None) -> None:
-        # The plan decide() would give: the cause `source` rests for.
-        self.asked[source] += 1
-        self.tally[self.rests.get(source, "declined")] += 1
-        self._observe_round(0, 0, 0, 0.0, verify_seconds, position, cpu_share)
+    def observe_plain(self, source: str, draft_seconds: float, verify_seconds: float, position: int,
+                      cpu_share: float | None, rested: bool) -> None:
+        # What `observe` does with a report of no source, and, for a rested round, the count and the
+        # plan (the cause it rests for) that `decide` would have given.
+        self._round_inputs = None
+        if rested:
+            self.asked[source] += 1
+            self.tally[self.rests.get(source, "declined")] += 1
+        else:
+            self.tally["declined" if self._plan == "offered" else self._plan] += 1
+        self._observe_round(0, 0, 0, draft_seconds, verify_seconds, position, cpu_share)
         self._count_unread(1)
 
     def _observe_round(self, drafted: int, accepted: int, padding: int, draft_seconds: float,

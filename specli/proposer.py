@@ -161,8 +161,8 @@ class DraftingProposer(Proposer):
     def propose(self, context: list[int], limit: int, left: int | None = None) -> Draft:
         drafter = self.drafter
         if self._resting:
-            # Every source rests for the rest of this generation: nothing to ask or report but the
-            # round itself (`observe_rested`; a fast target's token leaves a few microseconds).
+            # Every source rests for the rest of this generation: nothing to ask, and a plain round's
+            # report (`observe_plain`; a fast target's token leaves a few microseconds).
             self._source = None
             return Draft.empty(drafter.name)
         source = self._asked = drafter.next_source(context)
@@ -185,10 +185,13 @@ class DraftingProposer(Proposer):
         share = self._verify_share.stop()
         self.drafter.accept(result.context)
         draft, verdict = result.draft, result.verdict
-        if self._resting:
-            self.policy.observe_rested(self._asked, result.verify_seconds,
-                                       len(result.context) - len(verdict.tokens) - 1, share)
-            return  # a source that rests stays so until the generation ends
+        if self._source is None:  # the drafter was asked nothing: a plain round
+            position = len(result.context) - len(verdict.tokens) - 1
+            self.policy.observe_plain(self._asked, result.draft_seconds, result.verify_seconds, position,
+                                      share, bool(self._resting))
+            if not self._resting:
+                self._rest()  # a source that rests stays so until the generation ends
+            return
         k, held = len(draft.tokens), draft.held
         scored = None
         if held is not None and verdict.n_accepted == k:

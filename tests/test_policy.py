@@ -643,6 +643,58 @@ def test_a_catch_up_timed_at_load_rests_a_dear_source_before_any_shadow() -> Non
     assert not cheap.resting() and sum(_watch(cheap, 300, per_position=0.0003)[100:]) >= 2
 
 
+def _state(policy: AutoK) -> tuple:
+    return (dict(policy.tally), dict(policy.asked), policy.emitted, policy.plain_rounds, tuple(policy.rate),
+            dict(policy._unread), policy._since_recheck, {m: list(w) for m, w in policy.costs.verify.items()},
+            policy.resting(), policy.hopeless)
+
+
+class _Uncached(dict):
+    """A `_look_price` that keeps nothing: every recheck priced from the costs afresh."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("c_draft", "per_position"), [(0.004, 0.0025), (0.004, 0.0001), (0.03, 0.0001)],
+                         ids=["rests", "shadows", "hopeless-rechecks"])
+def test_a_plain_rounds_lean_report_teaches_what_its_report_did(c_draft: float, per_position: float) -> None:
+    """A round that asked the drafter nothing is reported without a RoundReport (`observe_plain`; a
+    rested one without `decide` either): the policy ends in the state the full report left it in,
+    round after round, through a rest, declined shadows and hopeless rechecks; and the recheck's
+    price, kept between looks, decides as one priced afresh every round."""
+    full, lean, uncached = (_gated(c_draft=c_draft) for _ in range(3))
+    uncached._look_price = _Uncached()
+    for policy in (full, lean, uncached):
+        policy.costs.timed_catch_up("draft", 16, 16 * per_position)
+        for _ in range(30):
+            policy.learned.calibration["draft"].observe_first(0.3)
+    since, looks = 0, 0
+    for i in range(400):
+        rested = lean.resting() == {"draft"}
+        position, verify = 100 + i, 0.0308 + 1e-5 * (i % 7)
+        decision = full.decide("draft", 8, position=position)
+        assert uncached.decide("draft", 8, position=position) == decision, i
+        if not rested:
+            assert lean.decide("draft", 8, position=position) == decision, i
+        since += 1
+        if decision.k or decision.look:
+            assert not rested
+            looks += 1  # each look costs another amount: a price kept past it would be stale
+            report = RoundReport("draft", 0, 0, c_draft * (1 + looks % 3), verify, 1, first_confidence=0.3,
+                                 held=(0.3, 0.0), catch_up_seconds=per_position * since, position=position)
+            for policy in (full, lean, uncached):
+                policy.observe(report)
+            since = 0
+        else:
+            for policy in (full, uncached):
+                policy.observe(RoundReport(None, 0, 0, 2e-6, verify, 0, position=position))
+            lean.observe_plain("draft", 2e-6, verify, position, None, rested)
+        assert _state(full) == _state(lean), i
+    assert full.holdback() == lean.holdback() and full.holdback() is not None
+    assert (full.resting() == {"draft"}) == (per_position > 0.001) and looks >= (per_position < 0.001)
+
+
 def test_a_source_whose_features_make_watching_dear_rests() -> None:
     """Watching a trained head also costs what its features add to every plain token (the target hands
     out its layer inputs at each decode; its drafter times them at load, Drafter.watch_costs): a
