@@ -91,6 +91,11 @@ FEATURE_ARCHITECTURES = frozenset({
 # the load would take ~50 such decodes more (0.13 s at this bound), and the features' cost, a few copies
 # per decode, is then a small share of a token.
 TAX_TIMED_TOKEN = 0.0025
+# On a cheaper token the features are timed in more pairs of blocks, up to this many seconds of decodes
+# in all: a few microseconds against a 0.2 ms token is noise over 6 pairs (0.0-4.8 us across 15 timings
+# of one DFlash head's features on synth's tiny set, 2.1-3.0 over 24).
+TAX_SECONDS = 0.03
+TAX_MOST_BLOCKS = 30
 
 
 def available() -> str | None:
@@ -145,8 +150,9 @@ class TargetFeatures:
         """Seconds the features add to one plain token: the target's one-token decode with them on and
         off, in pairs of blocks in alternating order (the median of the pairs' differences, which a
         change of the machine's speed between pairs leaves alone; the first decode after each switch
-        untimed, as llama.cpp plans its graph again). Only on an empty cache (at load; the decodes are
-        dropped after), and None there too where a token costs more than `slowest`."""
+        untimed, as llama.cpp plans its graph again); at least `blocks` pairs, more where a token is
+        cheap (TAX_SECONDS). Only on an empty cache (at load; the decodes are dropped after), and None
+        there too where a token costs more than `slowest`."""
         target = self.target
         if target.n_past or self.paused:
             return None
@@ -162,8 +168,11 @@ class TargetFeatures:
             return seconds / n
 
         timed(1)  # the first decode of a context builds its graph
-        if statistics.median(timed(1) for _ in range(3)) > slowest:
+        token_seconds = statistics.median(timed(1) for _ in range(3))
+        if token_seconds > slowest:
             return None
+        per_pair = 2 * (decodes + 1) * token_seconds
+        blocks = max(blocks, min(TAX_MOST_BLOCKS, int(TAX_SECONDS / per_pair) if per_pair > 0 else blocks))
         differences: list[float] = []
         try:
             for block in range(blocks):
