@@ -491,9 +491,9 @@ def test_a_block_drafters_warm_up_leaves_no_trace_and_its_first_step_is_timed(q8
 @pytest.mark.parametrize("kind", KINDS)
 def test_what_a_head_times_at_load_leaves_no_trace(q8_set, kind: str, monkeypatch) -> None:
     """At load a head's drafter runs a draft's shape once (Drafter.warm_up), times the target's one-token
-    decode with its features on and off (what watching a declined head adds to each plain token) and,
-    for EAGLE-3, a catch-up of 16 positions (what each position plain rounds commit costs the next
-    look): -k auto weighs them before it watches one. On this fast target the figures are there, the
+    decode with its features on and off (what watching a declined head adds to each plain token) and
+    a catch-up of 16 positions (what each position plain rounds commit costs the next look): -k auto
+    weighs them before it watches one. On this fast target the figures are there, the
     target's and the head's caches are empty, the features are recorded from position 0, and the next
     round's distributions are, bit for bit, those of a load that did none of it."""
     head = head_file(q8_set, kind)
@@ -508,7 +508,7 @@ def test_what_a_head_times_at_load_leaves_no_trace(q8_set, kind: str, monkeypatc
         watch = costs.watch_seconds_per_token(source)
         assert watch is not None and 0.0 <= watch < 0.005
         catch_up = costs.catch_up_seconds_per_position(source)
-        assert (catch_up is not None and 0.0 <= catch_up < 0.005) if kind == "eagle3" else catch_up is None
+        assert catch_up is not None and 0.0 <= catch_up < 0.005
         features = spec.drafter.features
         assert spec.target.n_past == 0 and spec.drafter.head.n_past == 0
         assert not features.paused and features.held() == (0, 0)

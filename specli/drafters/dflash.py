@@ -27,7 +27,15 @@ import time
 
 import numpy as np
 
-from specli.drafters.base import Draft, DraftGate, HeldPosition, Source, draft_filters
+from specli.drafters.base import (
+    CATCH_UP_TIMED,
+    Draft,
+    DraftGate,
+    HeldPosition,
+    Source,
+    draft_filters,
+    timed_catch_up,
+)
 from specli.drafters.head import HeadDrafter
 from specli.heads import BlockContext, HeadModel
 from specli.llama import Model
@@ -82,6 +90,17 @@ class BlockDrafter(HeadDrafter):
         finally:
             self.head.truncate(kept)
         return tuple(source.name for source in self.sources)
+
+    def catch_up_costs(self) -> dict[str, tuple[int, float]]:
+        # Its catch-up injects the features of what plain rounds committed: cheap against a CPU's token
+        # (~0.04 ms a position here), not against a fast one; timed here, -k auto can weigh watching a
+        # declined head from its first verdict.
+        head = self.head
+        if head.n_past:
+            return {}
+        features = np.zeros((CATCH_UP_TIMED, self.features.width), np.float32)
+        timing = timed_catch_up(lambda n: head.inject(features[:n]), lambda: head.truncate(0))
+        return {source.name: timing for source in self.sources}
 
     def _rows(self, k: int) -> int:
         """The block's rows for k drafts (DFlash's anchor row predicts nothing new)."""
