@@ -248,9 +248,10 @@ class Drafter(ABC):
     def catch_up_costs(self) -> dict[str, tuple[int, float]]:
         """At load, after warm_up: per source that reads what plain rounds committed only when a draft
         is asked for (a trained head), (positions, seconds) of a warm catch-up, a one-position
-        decode's time taken off (auto prices one in a generation so): -k auto then weighs watching a
-        declined source (policy.WATCH_SHARE) before a shadow has paid for a catch-up. A source not
-        here was not timed."""
+        decode's time taken off (as auto takes a draft step off a generation's catch-up; a block
+        drafter's it prices whole, so for DFlash/DSpark this figure is the lower): -k auto then weighs
+        watching a declined source (policy.WATCH_SHARE) before a shadow has paid for a catch-up. A
+        source not here was not timed."""
         return {}
 
     @property
