@@ -174,14 +174,15 @@ def verify_curve(
     slopes = [(mono[b] - mono[a]) / (b - a) for a, b in zip(batched, batched[1:], strict=False)]
     slope = min(slopes) if slopes else OPTIMISTIC_SLOPE * mono[1]
     out: list[float] = []
+    nearest = 0  # sizes[nearest]: the largest measured size <= m (m rises, so it only moves up)
     for m in range(1, m_max + 1):
-        if m in mono:
+        while nearest + 1 < len(sizes) and sizes[nearest + 1] <= m:
+            nearest += 1
+        below = sizes[nearest]
+        if below == m:
             out.append(mono[m])
-            continue
-        below = max(s for s in sizes if s < m)
-        above = [s for s in sizes if s > m]
-        if above:
-            a = above[0]
+        elif nearest + 1 < len(sizes):
+            a = sizes[nearest + 1]
             out.append(mono[below] + (mono[a] - mono[below]) * (m - below) / (a - below))
         elif below == 1:
             # No batch measured yet: what a batch usually costs on this kind of device.
@@ -248,6 +249,7 @@ class CostModel:
     # The curve is recomputed when a new size is measured or every `refresh` samples (REFRESH).
     refresh: int = REFRESH
     _curve: list[float] | None = field(default=None, repr=False)  # predicted at _position
+    _curve_array: tuple[list[float], np.ndarray] | None = field(default=None, repr=False)  # verify_array's
     _draft_seen: set[str] = field(default_factory=set, repr=False)
     _look_seen: set[str] = field(default_factory=set, repr=False)
     _warmed: set[str] = field(default_factory=set, repr=False)  # sources whose drafter ran a pass at load
@@ -524,6 +526,19 @@ class CostModel:
         if self._curve is None or len(self._curve) < m_max:
             self._curve = verify_curve(self._medians, m_max, self.first_step)
         return self._curve[:m_max]
+
+    def verify_array(self, m_max: int, position: int = 0) -> np.ndarray | None:
+        """verify_seconds as a read-only array, the same object until the curve changes (a priced round
+        asks for it twice, and what is derived from it can be kept as long as it is the same)."""
+        curve = self.verify_seconds(m_max, position)
+        if curve is None:
+            return None
+        kept = self._curve_array
+        if kept is None or kept[0] is not self._curve or len(kept[1]) != m_max:
+            array = np.asarray(curve)
+            array.flags.writeable = False
+            kept = self._curve_array = (self._curve, array)
+        return kept[1]
 
 
 def _observe_warm(table: dict[str, list[float]], seen: set[str], source: str, seconds: float, units: float,

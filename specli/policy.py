@@ -52,6 +52,7 @@ the constants carry only why they exist, and their history is in lab/history.md.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -135,6 +136,9 @@ class Calibration:
     # after[a, b]: how often a position in bin a was followed by one in bin b (confidence comes in
     # runs: one observation of "the same bin" to start).
     after: np.ndarray = field(default_factory=lambda: np.eye(len(_CONFIDENCE_MIDS)))
+    # acceptances() and next_bins() until the next observation (read-only arrays): a priced round asks
+    # for both, and on a fast token their numpy calls were a tenth of what pricing it cost.
+    _derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def starting(cls, of_text: bool) -> Calibration:
@@ -154,8 +158,11 @@ class Calibration:
         return float(self._estimates()[self.bin(confidence)])
 
     def acceptances(self) -> np.ndarray:
-        """The acceptance of every bin (capped below 1: a sure run still ends somewhere)."""
-        return np.minimum(self._estimates(), ACCEPTANCE_CAP)
+        """The acceptance of every bin (capped below 1: a sure run still ends somewhere); read-only."""
+        kept = self._derived.get("acceptances")
+        if kept is None:
+            kept = self._derived["acceptances"] = _read_only(np.minimum(self._estimates(), ACCEPTANCE_CAP))
+        return kept
 
     def _estimates(self) -> np.ndarray:
         # With `borrow`, a bin's prior is its own confidence, or what a less confident bin has learned
@@ -171,12 +178,14 @@ class Calibration:
         """Make each bin weigh at most `weight` observations, its acceptance unchanged (a new prompt
         starts: what earlier texts taught becomes a prior its own rounds soon outweigh)."""
         scale = np.minimum(1.0, weight / self.seen)
+        self._derived.clear()
         self.accepted *= scale
         self.seen *= scale
         self.prior *= scale
 
     def observe(self, confidence: float, acceptance: float, decay: float = CALIBRATION_DECAY) -> None:
         b = self.bin(confidence)
+        self._derived.clear()
         self.accepted[b] = decay * self.accepted[b] + acceptance
         self.seen[b] = decay * self.seen[b] + 1.0
         self.prior[b] *= decay
@@ -185,12 +194,16 @@ class Calibration:
                       decay: float = CALIBRATION_DECAY) -> None:
         """A position with `confidence` was followed by one with `next_confidence` in a draft."""
         row = self.after[self.bin(confidence)]
+        self._derived.clear()
         row *= decay
         row[self.bin(next_confidence)] += 1.0
 
     def next_bins(self) -> np.ndarray:
-        """P(the next position's bin | this one's), one row per bin."""
-        return self.after / self.after.sum(axis=1, keepdims=True)
+        """P(the next position's bin | this one's), one row per bin; read-only."""
+        kept = self._derived.get("next_bins")
+        if kept is None:
+            kept = self._derived["next_bins"] = _read_only(self.after / self.after.sum(axis=1, keepdims=True))
+        return kept
 
     def observe_first(self, confidence: float, decay: float = FIRST_DECAY) -> None:
         self.first *= decay
@@ -218,6 +231,17 @@ class Calibration:
             if not np.isfinite(after).all() or (after < 0).any() or (after.sum(axis=1) <= 0).any():
                 raise ValueError("a calibration's transitions negative or empty")
         return cls(**arrays, last_first=float(last_first), after=after)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Two stamps alike: arrays the same object, everything else equal."""
+    return len(a) == len(b) and all(x is y if isinstance(x, np.ndarray) else x == y
+                                    for x, y in zip(a, b, strict=True))
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _held_this_generation(verdicts: dict[str, int]) -> list[str]:
@@ -305,7 +329,7 @@ class RoundReport:
     source: str | None  # the source asked (None: a plain round that looked at nothing)
     drafted: int  # tokens the target verified after the pending one
     accepted: int
-    draft_seconds: float  # drafting, without the catch-up debt of earlier plain rounds
+    draft_seconds: float  # the drafter's, without the catch-up debt of earlier plain rounds
     verify_seconds: float
     positions: int  # draft steps this round's drafting cost (drafted, a held one, less a caught-up one)
     confidence: Sequence[float] = ()  # of the drafted positions
@@ -315,6 +339,9 @@ class RoundReport:
     padding: int = 0  # rows verified past the draft (`DraftPolicy.batch_size`)
     position: int = 0  # tokens in the target's cache before the verify
     cpu_share: float | None = None  # the process's CPU seconds over the verify's wall seconds (or None)
+    # The round's time before the drafter was asked (the policy pricing it): the round's, in the
+    # recent rate, not the drafter's cost.
+    deciding_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -397,13 +424,16 @@ class Gate:
                  make_inputs: Callable[[], GateInputs | None] | None = None) -> None:
         self._inputs, self.k, self.hold_first = inputs, k, hold_first
         self._make_inputs = make_inputs  # when given, the inputs are made the first time one is asked
+        self.pricing_seconds = 0.0  # making them, inside the drafter's call (DraftGate)
         self._survival = 1.0
         self._previous = 1.0  # the last drafted position's confidence
 
     @property
     def inputs(self) -> GateInputs | None:
         if self._make_inputs is not None:
+            started = time.perf_counter()
             self._inputs, self._make_inputs = self._make_inputs(), None
+            self.pricing_seconds = time.perf_counter() - started
         return self._inputs
 
     def __call__(self, position: int, confidence: float) -> bool:
@@ -502,6 +532,12 @@ class AutoK(DraftPolicy):
     _unread: dict[str, int] = field(default_factory=dict, repr=False)  # tokens since a source last read
     _quiet: tuple[str, int] | None = field(default=None, repr=False)  # declined until plain_rounds reach
     _look_price: dict[str, float] = field(default_factory=dict, repr=False)  # `_recheck_due`'s, per source
+    # inputs()'s best rate with what it was priced from (the verify array itself, then the rest).
+    _best_rate: tuple | None = field(default=None, repr=False)
+    _worth_terms: dict[str, tuple] = field(default_factory=dict, repr=False)  # `_worth`'s, per source
+    # The last priced verdict that holds while nothing it rested on changes (`_stamp`): (stamp, plan,
+    # shadow gap, plain_rounds when priced).
+    _verdict: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for source in self.text_sources & self.learned.calibration.keys():
@@ -520,15 +556,14 @@ class AutoK(DraftPolicy):
     def inputs(self, source: str) -> GateInputs | None:
         """The round's gate inputs, once T_v(1) and a draft step (a block drafter's pass) have been
         measured."""
-        curve = self.costs.verify_seconds(HORIZON, self.position)
+        verify = self.costs.verify_array(HORIZON, self.position)
         c_draft = self.costs.draft_seconds_per_token(source)
-        if curve is None or c_draft is None:
+        if verify is None or c_draft is None:
             return None
         block = self.block_sources.get(source, 0)
         # A block drafter's pass is paid before the gate sees its positions: once it ran, a kept
         # position costs only its share of the verify.
         c_pass, c_draft = (c_draft, 0.0) if block else (None, c_draft)
-        verify = np.asarray(curve)
         tokens, seconds = self.rate
         # The recent rounds' rate once they are a few tokens' worth: a rate from one or two rounds
         # is noise, and a high one makes every draft step look dear for the whole generation.
@@ -537,8 +572,7 @@ class AutoK(DraftPolicy):
         # But no more than the best rate a round can be expected to give (each draft at the best
         # acceptance learned): a reference rate above every option prices even a sure long copy at a
         # loss.
-        rate = min(rate, best_rate(float(acceptances.max()), verify, c_draft, c_pass=c_pass,
-                                   n_max=block or None))
+        rate = min(rate, self._best_rate_of(float(acceptances.max()), verify, c_draft, c_pass, block))
         if self.left is not None and self.left <= len(verify):
             # Near the output's end the time to come is that of the tokens left, at best all in one
             # batch: priced at the recent rate (after long copies, several times plain decoding), a
@@ -547,12 +581,33 @@ class AutoK(DraftPolicy):
         return GateInputs(verify, c_draft, rate, acceptances, self._calibration(source).next_bins(), c_pass,
                           block or None)
 
+    def _best_rate_of(self, acceptance: float, verify: np.ndarray, c_draft: float, c_pass: float | None,
+                      block: int) -> float:
+        """best_rate, kept while what it depends on is the same (on a fast token each priced round
+        paid ~30 us for it, though the curve changes every few rounds and acceptance more rarely)."""
+        kept = self._best_rate
+        key = (acceptance, c_draft, c_pass, block)
+        if kept is None or kept[0] is not verify or kept[1] != key:
+            kept = self._best_rate = (verify, key, best_rate(acceptance, verify, c_draft, c_pass=c_pass,
+                                                              n_max=block or None))
+        return kept[2]
+
     def _worth(self, source: str, inputs: GateInputs) -> np.ndarray:
         """Per confidence bin, the tokens (beyond their cost at the reference rate) a round gains whose
         first position has that confidence, the best length chosen; 0 if none gains."""
-        f = inputs.acceptances
-        n_max = inputs.n_max or len(inputs.verify) - 1
-        return np.maximum(0.0, best_net_gain(f, f, inputs.verify, 0, n_max, inputs.c_draft, inputs.rate))
+        f, verify = inputs.acceptances, inputs.verify
+        n_max = min(inputs.n_max or len(verify) - 1, len(verify) - 1)
+        if n_max < 1:
+            return np.maximum(0.0, best_net_gain(f, f, verify, 0, n_max, inputs.c_draft, inputs.rate))
+        # best_net_gain's terms, those that do not move with the rate kept while their inputs are the
+        # same objects (a calibration's acceptances until it observes, the curve until it changes).
+        kept = self._worth_terms.get(source)
+        if kept is None or kept[0] is not f or kept[1] is not verify or kept[2] != (inputs.c_draft, n_max):
+            n = np.arange(1, n_max + 1)
+            kept = self._worth_terms[source] = (f, verify, (inputs.c_draft, n_max),
+                                                run_gain(f[..., None], f[..., None], n),
+                                                run_cost(verify, 0, n, inputs.c_draft))
+        return np.maximum(0.0, (kept[3] - inputs.rate * kept[4]).max(axis=-1))
 
     def decide(self, source: str, limit: int, left: int | None = None, position: int = 0) -> Decision:
         """Draft up to `limit` positions if looking at the first one (a draft step) is worth its cost,
@@ -577,6 +632,19 @@ class AutoK(DraftPolicy):
             # Judged again with what is known now; if still hopeless, this round's look re-measures
             # the draft step (below).
             self.hopeless.discard(source)
+        kept = self._verdict
+        if (kept is not None and self.plain_rounds - kept[3] < MAX_SHADOW_GAP
+                and (self.left is None or self.left > HORIZON) and _same(kept[0], self._stamp(source))):
+            # Nothing the last verdict rested on has changed since (no step timed, no position
+            # proposed; only the rate and the curve drift, and it is priced again at least every
+            # MAX_SHADOW_GAP plain rounds): it holds unpriced. N-gram lookup on text without repeats
+            # times a step only where it finds something, and pricing each round (or each shadow's)
+            # cost 40-150 us on a 1 ms token, several times the lookup.
+            if kept[1] == "unmeasured":
+                self._plan = "unmeasured"
+                return self._plain(look=True)
+            return self._declined(source, kept[2], woken=False)
+        self._verdict = None
         curve = self.costs.verify_seconds(HORIZON, self.position)
         c_draft = self.costs.draft_seconds_per_token(source)
         if curve is None or c_draft is None:
@@ -613,6 +681,8 @@ class AutoK(DraftPolicy):
                     # steps from its first: a declined verdict, whose shadows time more, needs no more
                     # (one that stops the looks, hopeless or resting, still waits for the median).
                     self._plan = "unmeasured"
+                    if not self.costs.warmed_up(source):  # (a warmed-up one's turns on its unread tokens)
+                        self._keep_verdict(source, "unmeasured", 0)
                     return self._plain(look=True)
                 if self._dear_to_watch(source, inputs):
                     return self._rest(source, "hopeless" if float(worth.max()) <= price else "declined")
@@ -631,29 +701,48 @@ class AutoK(DraftPolicy):
                 woken = self.asked[source] == 1 and source in self.learned.resting
                 self.learned.hopeless.pop(source, None)
                 self.learned.resting.pop(source, None)
-                self._plan = "declined"
                 gap = self._shadow_gap(source, inputs)
-                if not woken and not self.tally["drafted"] and self.left is not None and self.left < gap:
-                    # A shadow is bought for the gap's tokens (SHADOW_SHARE of their time); fewer are
-                    # left to watch, and no round of this generation drafted: none is due before the
-                    # output ends (where drafting came back before, one that brings it back again may
-                    # pay many times its cost). Priced again where the output's end prices the tokens
-                    # left (END_SHARE).
-                    end = len(inputs.verify)
-                    self._quiet = (source, self.plain_rounds + (self.left - end if self.left > end
-                                                                else QUIET_ROUNDS))
-                    return self._plain(look=False)
-                wait = 0 if woken else max(0, gap - self._unread[source])
-                # Nothing that could change this verdict is learned before the next shadow but the
-                # reference rate, which follows the text within ~10 rounds: the rounds up to the next
-                # shadow are plain without pricing it again, QUIET_ROUNDS of them while the rounds that
-                # drafted still weigh in the rate, then as many as have been plain.
-                hold = self.plain_rounds if self.plain_rounds >= RATE_SETTLED else QUIET_ROUNDS
-                self._quiet = (source, self.plain_rounds + min(wait or gap, hold))
-                return self._plain(look=wait == 0)
+                if not woken and self._unread[source] > 0:  # (with none unread it was not dear to watch)
+                    self._keep_verdict(source, "declined", gap)
+                return self._declined(source, gap, woken)
         self.learned.hopeless.pop(source, None)
         self.learned.resting.pop(source, None)
         return Decision(limit)
+
+    def _declined(self, source: str, gap: int, woken: bool) -> Decision:
+        """A plain round of a declined verdict, shadows `gap` tokens apart."""
+        self._plan = "declined"
+        if not woken and not self.tally["drafted"] and self.left is not None and self.left < gap:
+            # A shadow is bought for the gap's tokens (SHADOW_SHARE of their time); fewer are left to
+            # watch, and no round of this generation drafted: none is due before the output ends (where
+            # drafting came back before, one that brings it back again may pay many times its cost).
+            # Priced again where the output's end prices the tokens left (END_SHARE).
+            self._quiet = (source, self.plain_rounds + (self.left - HORIZON if self.left > HORIZON
+                                                        else QUIET_ROUNDS))
+            return self._plain(look=False)
+        wait = 0 if woken else max(0, gap - self._unread[source])
+        # Nothing that could change this verdict is learned before the next shadow but the reference
+        # rate, which follows the text within ~10 rounds: the rounds up to the next shadow are plain
+        # without pricing it again, QUIET_ROUNDS of them while the rounds that drafted still weigh in
+        # the rate, then as many as have been plain.
+        hold = self.plain_rounds if self.plain_rounds >= RATE_SETTLED else QUIET_ROUNDS
+        self._quiet = (source, self.plain_rounds + min(wait or gap, hold))
+        return self._plain(look=wait == 0)
+
+    def _keep_verdict(self, source: str, plan: str, gap: int) -> None:
+        """Keep a verdict to hold while nothing it rested on changes: once the reference rate has
+        settled (RATE_SETTLED plain rounds: before, the rounds that drafted still move it, and with it
+        the verdict), and not near the output's end, which prices the rate by the tokens left."""
+        if self.plain_rounds >= RATE_SETTLED and (self.left is None or self.left > HORIZON):
+            self._verdict = (self._stamp(source), plan, gap, self.plain_rounds)
+
+    def _stamp(self, source: str) -> tuple:
+        """What a verdict on `source` rested on that a round can change: the source, its timed steps,
+        its calibration (its acceptances are one object until it observes) and the first positions
+        seen."""
+        cal = self._calibration(source)
+        return (source, tuple(self.costs.draft.get(source, ())), cal.acceptances(), cal.last_first,
+                float(cal.first.sum()))
 
     def _plain(self, look: bool) -> Decision:
         return Decision(0, look)
@@ -724,11 +813,16 @@ class AutoK(DraftPolicy):
             self.tally["nothing"] += 1  # asked, it proposed nothing (n-gram lookup found no match)
         else:
             self.tally["declined" if self._plan == "offered" else self._plan] += 1
-        self._observe_round(report.drafted, report.accepted, report.padding, report.draft_seconds,
-                            report.verify_seconds, report.position, report.cpu_share)
+        self._observe_round(report.drafted, report.accepted, report.padding,
+                            report.draft_seconds + report.deciding_seconds, report.verify_seconds,
+                            report.position, report.cpu_share)
         source = report.source
         if source is not None:
-            self._quiet = None  # what the drafter showed is priced in the next round
+            if report.drafted or report.first_confidence is not None:
+                self._quiet = None  # what the drafter showed is priced in the next round
+            # (A look that found nothing, n-gram lookup on text without repeats, leaves the price
+            # as it was: pricing the round after each shadow cost more than the shadows on a fast
+            # token.)
             unread = self._unread.get(source, 0)
             if report.catch_up_seconds > 0.0 and unread >= CATCH_UP_SAMPLE:
                 # Less a draft step, about the fixed cost of the catch-up's decode (a block drafter's

@@ -142,6 +142,7 @@ class DraftingProposer(Proposer):
         self._block = {s.name: s.block for s in drafter.sources}
         self._resting: bool | None = None  # what the drafter was last told (`_rest`)
         self._asked = drafter.sources[0].name  # the source the policy was last asked about
+        self._drafter_seconds = 0.0  # the drafter's own call this round (`propose`)
 
     def prepare(self) -> None:
         self._rest()
@@ -174,7 +175,11 @@ class DraftingProposer(Proposer):
             return Draft.empty(drafter.name)
         # A block drafter's look decodes its whole block (held): what a pass costs is what it measures.
         k = decision.k or self._block.get(source, 0) or 1
-        return drafter.draft(context, k, self.policy.gate(source, decision))
+        gate = self.policy.gate(source, decision)
+        started = time.perf_counter()
+        draft = drafter.draft(context, k, gate)
+        self._drafter_seconds = time.perf_counter() - started - (gate.pricing_seconds if gate else 0.0)
+        return draft
 
     def batch_size(self, m: int, m_max: int) -> int:
         size = m if self._resting else self.policy.batch_size(m, m_max)  # a plain round's one token
@@ -204,8 +209,12 @@ class DraftingProposer(Proposer):
             drafted=k,
             accepted=verdict.n_accepted,
             # A catch-up after plain rounds is a debt of those rounds, not this draft's cost; the
-            # first position goes with it when the catch-up decode also evaluated it.
-            draft_seconds=result.draft_seconds - draft.catch_up_seconds,
+            # first position goes with it when the catch-up decode also evaluated it. The policy's
+            # own pricing before the drafter was asked is neither: priced into a draft step, on a
+            # fast token it made a cheap drafter (n-gram lookup) look dear enough to be priced every
+            # round, which made its steps look dearer still.
+            draft_seconds=self._drafter_seconds - draft.catch_up_seconds,
+            deciding_seconds=max(0.0, result.draft_seconds - self._drafter_seconds),
             catch_up_seconds=draft.catch_up_seconds,
             verify_seconds=result.verify_seconds,
             # A block drafter's pass is one step, however many of its positions were kept or held.

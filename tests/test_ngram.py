@@ -80,19 +80,23 @@ def test_a_fork_is_less_sure_than_a_single_sighting() -> None:
     assert tied.tokens == [5] and tied.confidence == [0.0]  # the most recent, as sure as a coin
 
 
-def test_counting_the_context_is_billed_as_catch_up_not_as_the_lookup() -> None:
-    """Counting the n-grams of what was committed since the last lookup (the whole prompt at first)
-    is a debt of the tokens, not a cost of the draft: auto would otherwise think lookups dear."""
+def test_the_prompt_is_counted_at_begin_and_later_tokens_billed_as_catch_up() -> None:
+    """The prompt is counted when the generation begins, as the prompt's own work: billed to the first
+    look, it priced a look with a whole prompt's counting (2 ms for 600 tokens), and auto spaced the
+    shadows of a fast target hundreds of tokens apart. What was committed since the last lookup is a
+    debt of those tokens, not a cost of the draft: auto would otherwise think lookups dear."""
     context = [7, 1, 2, 3] * 500
     d = drafter(context)
+    prompt = d.index_seconds
+    assert prompt > 0  # counted at begin
     first = d.draft(context, 4)
-    assert first.tokens == [7, 1, 2, 3] and first.catch_up_seconds > 0
-    assert first.catch_up_seconds == d.index_seconds  # all the counting so far, billed once
+    assert first.tokens == [7, 1, 2, 3]
+    assert first.catch_up_seconds == d.index_seconds - prompt  # none of the prompt's counting
     assert not first.first_in_catch_up  # the lookup itself is still this draft's cost
     counted = d.index_seconds
-    second = d.draft([*context, 7], 4)
-    # Only the counting since (one new token) is billed again: exact bookkeeping, not a timing race.
-    assert second.catch_up_seconds == d.index_seconds - counted
+    second = d.draft([*context, 7, 1, 2, 3, 7], 4)
+    # Only the counting since (five new tokens) is billed: exact bookkeeping, not a timing race.
+    assert second.catch_up_seconds == d.index_seconds - counted > 0
 
 
 # -- long copies: earlier occurrences of the last LONG_N tokens, followed as long as they agree --------

@@ -34,6 +34,10 @@ def draft_filters(sampler: Sampler, n_vocab: int) -> GraphFilters | None:
 class DraftGate(Protocol):
     """The policy's way to stop a round early on a doubtful position."""
 
+    # What the gate spent pricing the round inside the drafter's call: the policy's time, not the
+    # drafter's (its steps are priced by what they cost alone).
+    pricing_seconds: float
+
     def __call__(self, position: int, confidence: float) -> bool:
         """Asked before each position is drafted (position in the round, from 0; the drafter's top
         probability there): draft it?"""
