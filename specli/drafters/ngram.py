@@ -173,8 +173,10 @@ class NGramDrafter(Drafter):
         first_n = 0
         # A long copy while earlier occurrences of the text agree (over the context and the tokens
         # proposed so far, so a periodic text is followed past the end of the context).
-        seq = list(context)
+        seq = context
         followers, match = self._occurrences(seq)
+        if followers:
+            seq = list(context)  # grown with the proposal (a copy only where there is one: O(context))
         while followers and len(proposal) < k:
             token, sure, agree = self._follow_occurrences(seq, followers, match)
             # The short context's fork weighs less the longer the match: a passage copied for 40 tokens
