@@ -51,6 +51,7 @@ the constants carry only why they exist, and their history is in lab/history.md.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import Counter
@@ -113,6 +114,7 @@ FIRST_DECAY = 0.9
 # Confidence bins: finer near 1, where a draft that knows the text puts most of its tokens.
 _CONFIDENCE_EDGES = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98])
 _CONFIDENCE_MIDS = np.convolve(np.concatenate(([0.0], _CONFIDENCE_EDGES, [1.0])), [0.5, 0.5], "valid")
+_EDGES = _CONFIDENCE_EDGES.tolist()  # `Calibration.bin`'s (bisect on a list: ~0.05 us, searchsorted ~0.9)
 
 
 @dataclass
@@ -152,7 +154,9 @@ class Calibration:
 
     @staticmethod
     def bin(confidence: float) -> int:
-        return int(np.searchsorted(_CONFIDENCE_EDGES, confidence, side="right"))
+        # np.searchsorted(_CONFIDENCE_EDGES, confidence, side="right"), NaN included (the last bin); a
+        # drafting round asks for ~30 of these.
+        return bisect.bisect_right(_EDGES, confidence)
 
     def acceptance(self, confidence: float) -> float:
         return float(self._estimates()[self.bin(confidence)])

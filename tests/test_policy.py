@@ -1008,3 +1008,16 @@ def test_a_look_again_verdict_is_not_priced_again_until_something_it_rested_on_c
     look_that_found(0.1)  # a proposal: a step timed and a first position seen
     assert policy.decide("ngram", 8, 500, 100) == Decision(0, look=True)
     assert len(priced) == 2
+
+
+def test_a_confidences_bin_is_the_edges_searchsorted_right() -> None:
+    """Calibration.bin bisects a list (a drafting round asks for ~30 bins, searchsorted costs ~0.9 us
+    each): the same bin as np.searchsorted(side="right") at the edges, between them, outside [0, 1], for
+    numpy scalars and for NaN."""
+    from specli.policy import _CONFIDENCE_EDGES
+
+    rng = np.random.default_rng(7)
+    values = [*_CONFIDENCE_EDGES, *np.nextafter(_CONFIDENCE_EDGES, 0), -0.5, 0.0, 1.0, 1.5, float("nan"),
+              *rng.random(200), *rng.random(50).astype(np.float32)]
+    for value in values:
+        assert Calibration.bin(value) == int(np.searchsorted(_CONFIDENCE_EDGES, value, side="right")), value
