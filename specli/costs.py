@@ -535,10 +535,14 @@ class CostModel:
             return None
         kept = self._curve_array
         if kept is None or kept[0] is not self._curve or len(kept[1]) != m_max:
-            array = np.asarray(curve)
-            array.flags.writeable = False
-            kept = self._curve_array = (self._curve, array)
+            kept = self._curve_array = (self._curve, read_only(np.asarray(curve)))
         return kept[1]
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """`array`, made read-only: kept and handed out while what it was derived from is the same."""
+    array.flags.writeable = False
+    return array
 
 
 def _observe_warm(table: dict[str, list[float]], seen: set[str], source: str, seconds: float, units: float,

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specli.costs import CostModel, best_net_gain, best_rate, run_cost, run_gain
+from specli.costs import CostModel, best_net_gain, best_rate, read_only, run_cost, run_gain
 from specli.drafters.base import DraftGate
 from specli.events import Holdback
 from specli.sampling import SamplingParams
@@ -165,7 +165,7 @@ class Calibration:
         """The acceptance of every bin (capped below 1: a sure run still ends somewhere); read-only."""
         kept = self._derived.get("acceptances")
         if kept is None:
-            kept = self._derived["acceptances"] = _read_only(np.minimum(self._estimates(), ACCEPTANCE_CAP))
+            kept = self._derived["acceptances"] = read_only(np.minimum(self._estimates(), ACCEPTANCE_CAP))
         return kept
 
     def _estimates(self) -> np.ndarray:
@@ -206,7 +206,7 @@ class Calibration:
         """P(the next position's bin | this one's), one row per bin; read-only."""
         kept = self._derived.get("next_bins")
         if kept is None:
-            kept = self._derived["next_bins"] = _read_only(self.after / self.after.sum(axis=1, keepdims=True))
+            kept = self._derived["next_bins"] = read_only(self.after / self.after.sum(axis=1, keepdims=True))
         return kept
 
     def observe_first(self, confidence: float, decay: float = FIRST_DECAY) -> None:
@@ -241,11 +241,6 @@ def _same(a: tuple, b: tuple) -> bool:
     """Two stamps alike: arrays the same object, everything else equal."""
     return len(a) == len(b) and all(x is y if isinstance(x, np.ndarray) else x == y
                                     for x, y in zip(a, b, strict=True))
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
 
 
 def _held_this_generation(verdicts: dict[str, int]) -> list[str]:
