@@ -530,7 +530,8 @@ class SideContext(ClosedWhenCollected):
         the filters attached each row's survivors (copies)."""
         if self._chain is None:
             return self._logits(n)
-        rows = filtered_output(self._ctx, n, self.n_vocab, self._filtered_views, self.label)
+        rows = filtered_output(self._ctx, n, self.n_vocab, self._filtered_views, self.label,
+                               argmax=self.filters.argmax)
         return [Survivors(*rows.survivors(i)) for i in range(n)]
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ asked of the machine itself (specli.host).
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -158,13 +159,20 @@ class GraphFilters:
     survivors reach Python: banned ids at -inf (logit bias), top-k, then top-p and min-p over what top-k
     kept (llama.cpp's order; temperature is left to the host). Top-k comes first or nothing shrinks:
     llama.cpp's top-p and min-p mark the dropped ids -inf without narrowing the row. No draw: the keyed
-    draw runs on the survivors. top_k 1 is greedy (llama.cpp's own greedy sampler answers with the last
-    of tied maxima and, after a filter, a position instead of an id)."""
+    draw runs on the survivors. top_k 1 runs as llama.cpp's greedy sampler after the bias alone (`argmax`):
+    ggml's argmax, where its top-k sorts the whole row on CUDA (docs/performance.md); the row's one
+    survivor is the same, top-p and min-p keeping a row's best whatever they are, except among tied
+    maxima (ggml's argmax answers with the last on the CPU, the host with the first)."""
 
     top_k: int
     top_p: float = 1.0
     min_p: float = 0.0
     banned: tuple[int, ...] = ()
+
+    @property
+    def argmax(self) -> bool:
+        """Whether a row crosses as its argmax (llama.cpp's greedy sampler) rather than top-k's survivors."""
+        return self.top_k == 1
 
     @staticmethod
     def of(sampling: SamplingParams, n_vocab: int, *, greedy_top_k: int = 1
@@ -191,6 +199,9 @@ class GraphFilters:
                 entry.token, entry.bias = token, _NEG_INF
             bias = llc.llama_sampler_init_logit_bias(n_vocab, len(banned), biases)
             llc.llama_sampler_chain_add(chain, bias)
+        if self.argmax:  # no draw: the greedy sampler sets the row's id and leaves its logits whole
+            llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_greedy())
+            return chain
         llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_top_k(max(1, min(self.top_k, n_vocab))))
         if self.top_p < 1.0:
             llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_top_p(self.top_p, 1))
@@ -243,6 +254,26 @@ class FilteredRows:
         return int(self._ids[i, 0]), float(self._logits[i, 0])
 
 
+class ArgmaxRows(FilteredRows):
+    """Rows llama.cpp's greedy sampler chose an id for in the graph (GraphFilters.argmax): each row's
+    one survivor is that id, its logit read from the row, which crosses whole (the sampler leaves it;
+    llama-bench's token copies as much)."""
+
+    __slots__ = ()
+
+    def survivors(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        token, logit = self.token(i)
+        return np.array([token], dtype=np.int32), np.array([logit], dtype=np.float32)
+
+    def token(self, i: int) -> tuple[int, float]:
+        """Row i's argmax and its logit; NaN where ggml's argmax found none (a row of NaNs), which
+        sampling.checked_token refuses as it refuses a host row's NaN maximum."""
+        token = int(self._ids[i])
+        if not 0 <= token < self._logits.shape[1]:
+            return token, math.nan
+        return token, float(self._logits[i, token])
+
+
 def attach_filters(ctx: llc.llama_context_p, filters: GraphFilters, n_vocab: int,
                    what: str) -> llc.llama_sampler_p:
     """A new chain of `filters` attached to sequence 0 of `ctx` (llama.cpp's backend sampling); an
@@ -261,10 +292,18 @@ def detach_filters(ctx: llc.llama_context_p, chain: llc.llama_sampler_p) -> None
 
 
 def filtered_output(ctx: llc.llama_context_p, rows: int, n_vocab: int,
-                    views: dict[tuple[int, int], np.ndarray], what: str) -> FilteredRows:
+                    views: dict[tuple[int, int], np.ndarray], what: str, *, argmax: bool = False
+                    ) -> FilteredRows:
     """The last decode's last `rows` output rows as llama.cpp's graph filtered them, in batch order
-    (views of its buffers, kept in `views`, valid until the next decode)."""
+    (views of its buffers, kept in `views`, valid until the next decode). argmax: the filters were
+    GraphFilters.argmax's (each row's id chosen in the graph)."""
     first = -rows  # output rows counted from the end
+    if argmax:
+        ids = np.array([llc.llama_get_sampled_token_ith(ctx, i) for i in range(first, 0)], dtype=np.int64)
+        logits_ptr = llc.llama_get_sampled_logits_ith(ctx, first)
+        if not logits_ptr:
+            raise LlamaError(f"{what}: llama.cpp's graph chose no ids")
+        return ArgmaxRows(buffer_view(views, logits_ptr, rows, n_vocab), ids, [1] * rows)
     counts = [llc.llama_get_sampled_logits_count_ith(ctx, i) for i in range(first, 0)]
     logits_ptr = llc.llama_get_sampled_logits_ith(ctx, first)
     ids_ptr = llc.llama_get_sampled_candidates_ith(ctx, first)
@@ -745,7 +784,8 @@ class Model(ClosedWhenCollected):
         if self._chain is None:
             self._attach()
         rows = self._run(tokens, outputs)  # the last chunk's
-        return filtered_output(self._ctx, rows, self.n_vocab, self._filtered_views, self.path.name)
+        return filtered_output(self._ctx, rows, self.n_vocab, self._filtered_views, self.path.name,
+                               argmax=self._filters.argmax)
 
     def _decode_chunk(self, chunk: Sequence[int], outputs: str) -> int:
         b = self._batch

@@ -726,8 +726,8 @@ def _survivors_best(s: Survivors) -> int:
 
 
 def checked_token(token: int, logit: float) -> int:
-    """A row's best id as llama.cpp's graph found it (top-k 1; ties to the lowest id), its logit checked
-    as greedy_token checks the row's maximum."""
+    """A row's best id as llama.cpp's graph found it (its argmax: llama.GraphFilters.argmax), its logit
+    checked as greedy_token checks the row's maximum."""
     _check_max(logit)
     return token
 

@@ -28,7 +28,7 @@ from support import (
 
 from specli import GenerationParams, SamplingParams, load
 from specli.engine import sampling_path
-from specli.llama import FILTERED_ROWS, GraphFilters, LlamaError, Model, ModelOptions
+from specli.llama import FILTERED_ROWS, ArgmaxRows, GraphFilters, LlamaError, Model, ModelOptions
 from specli.sampling import Noise, Survivors, distribution, greedy_token
 
 DEFAULTS = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
@@ -90,10 +90,17 @@ def test_the_graph_keeps_what_the_host_filters_keep(target: Model, params: Sampl
 
 
 def test_greedy_rows_cross_as_their_argmax(target: Model) -> None:
-    """Greedy: top-k 1 in the graph, one id per row, ties to the lowest id as the host's argmax; with
-    banned ids the best id not banned."""
+    """Greedy: llama.cpp's greedy sampler in the graph (ggml's argmax, not a top-k 1 that sorts the row
+    on CUDA) chooses each row's id, the host's argmax, with the row's maximum as its logit and as its
+    one survivor; with banned ids the best id not banned (the bias comes before the argmax)."""
+    assert GraphFilters(1).argmax and not GraphFilters(2).argmax
     raw, filtered = verify_rows(target, PROMPT, GraphFilters(1))
-    assert [filtered.token(i)[0] for i in range(len(filtered))] == [int(r.argmax()) for r in raw]
+    assert isinstance(filtered, ArgmaxRows)
+    expected = [(int(r.argmax()), float(r.max())) for r in raw]
+    assert [filtered.token(i) for i in range(len(filtered))] == expected
+    for i in range(len(filtered)):
+        ids, logits = filtered.survivors(i)
+        assert ids.tolist() == [int(raw[i].argmax())] and logits.tolist() == [float(raw[i].max())]
     banned = tuple({int(r.argmax()) for r in raw[:3]})
     raw, filtered = verify_rows(target, PROMPT, GraphFilters(1, banned=banned))
     assert [filtered.token(i)[0] for i in range(len(filtered))] == [greedy_token(r, banned) for r in raw]
