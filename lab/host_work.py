@@ -15,7 +15,8 @@ both sides.
 
 a) plain decoding, per --plain model, each repetition in a rotating order: `llama-bench -p 0 -n N` tg;
    specli --no-draft at T 0 and with the default sampling (top-k 40, top-p 0.95, min-p 0.05, T 0.8),
-   with native_sampling.c's filters and with numpy's (what runs where no C compiler is);
+   on each sampling path of --paths (graph: llama.cpp's backend sampling, host: specli's filters), and
+   with --numpy, numpy's filters instead of native_sampling.c's (what runs where no C compiler is);
    llama-server (started once per model, `-np 1`) asked for N tokens at the same sampling, its own
    timings (`predicted_per_second`: its decode loop with its sampler, no HTTP). Ratios are per
    repetition (specli over the tool of the same repetition), then the median.
@@ -118,60 +119,70 @@ class Server:
 
 
 def plain(model: Path, args: argparse.Namespace) -> list[Cell]:
+    """a): llama-bench, llama-server and specli's plain decoding at T 0 and the default sampling, per
+    sampling path asked for (--paths), each repetition in a rotating order."""
     bench, server_bin = find_tool("llama-bench", args.tools), find_tool("llama-server", args.tools)
+    paths = args.paths.split(",") if args.paths else [args.sampling_on]
     tg = Cell("llama-bench tg")
-    greedy = Cell("specli T 0 (x llama-bench)")
-    sampled = Cell("specli default sampling (x llama-bench)")
-    numpy_sampled = Cell("specli default sampling, numpy filters (x llama-bench)")
     served = Cell("llama-server default sampling")
-    versus = Cell("specli default sampling (x llama-server)")
     spec = load(model, None, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
     server = Server(server_bin, model, args) if server_bin else None
     try:
         prompt = spec.tokenize(PLAIN_PROMPT)
 
-        def specli_rate(sampling: SamplingParams, seed: int, numpy_filters: bool = False) -> float:
+        def specli_rate(sampling: SamplingParams, seed: int, path: str, numpy_filters: bool = False) -> float:
             spec.engine.reset()
+            on = {} if path == "auto" else {"sampling_on": "backend" if path == "graph" else path}
             params = GenerationParams(max_tokens=args.n, sampling=sampling, seed=seed, ignore_eos=True,
-                                      draft_max=0, **where(args))
+                                      draft_max=0, **on)
             use_numpy(numpy_filters)  # what a machine without a C compiler runs (specli/native.py)
             try:
                 return spec.generate(prompt, params).complete().stats.tokens_per_second or 0.0
             finally:
                 use_numpy(False)
 
-        runs = {
-            "llama-bench": lambda rep: llama_bench_tg(bench, model, args.n, args.threads) if bench else None,
-            "specli T 0": lambda rep: specli_rate(GREEDY, rep),
-            "specli default": lambda rep: specli_rate(DEFAULT_SAMPLING, rep),
-            "specli default, numpy": lambda rep: specli_rate(DEFAULT_SAMPLING, rep, True),
-            "llama-server": lambda rep: server.rate(args.n, DEFAULT_SAMPLING, rep) if server else None,
-        }
+        def label(what: str, path: str) -> str:
+            return what if len(paths) == 1 else f"{what} [{path}]"
+
+        runs = {"llama-bench": lambda rep: llama_bench_tg(bench, model, args.n, args.threads) if bench
+                else None}
+        specli_runs: list[tuple[str, str]] = []  # (run name, "T 0" or "default")
+        for path in paths:
+            runs[label("specli T 0", path)] = lambda rep, path=path: specli_rate(GREEDY, rep, path)
+            runs[label("specli default", path)] = (lambda rep, path=path:
+                                                   specli_rate(DEFAULT_SAMPLING, rep, path))
+            specli_runs += [(label("specli T 0", path), "T 0"), (label("specli default", path), "default")]
+        if args.numpy:
+            runs["specli default, numpy"] = lambda rep: specli_rate(DEFAULT_SAMPLING, rep, paths[0], True)
+            specli_runs.append(("specli default, numpy", "default"))
+        runs["llama-server"] = lambda rep: server.rate(args.n, DEFAULT_SAMPLING, rep) if server else None
+        versus_bench = {name: Cell(f"{name} (x llama-bench)") for name, _ in specli_runs}
+        versus_server = {name: Cell(f"{name} (x llama-server)") for name, what in specli_runs
+                         if what == "default"}
         for name in runs:  # warm-up: compute buffers, the server's first request
             runs[name](0)
         names = list(runs)
         for rep in range(args.repeat):
             order = names[rep % len(names):] + names[: rep % len(names)]
             got = {name: runs[name](rep) for name in order}
-            for cell, value in ((tg, got["llama-bench"]), (greedy, got["specli T 0"]),
-                                (sampled, got["specli default"]),
-                                (numpy_sampled, got["specli default, numpy"]), (served, got["llama-server"]),
-                                (versus, got["specli default"])):
+            for cell, value in ((tg, got["llama-bench"]), (served, got["llama-server"])):
                 if value is not None:
                     cell.values.append(value)
-            if got["llama-bench"]:
-                greedy.ratios.append(got["specli T 0"] / got["llama-bench"])
-                sampled.ratios.append(got["specli default"] / got["llama-bench"])
-                numpy_sampled.ratios.append(got["specli default, numpy"] / got["llama-bench"])
-            if got["llama-server"]:
-                versus.ratios.append(got["specli default"] / got["llama-server"])
+            for name, cell in versus_bench.items():
+                cell.values.append(got[name])
+                if got["llama-bench"]:
+                    cell.ratios.append(got[name] / got["llama-bench"])
+            for name, cell in versus_server.items():
+                if got["llama-server"]:
+                    cell.values.append(got[name])
+                    cell.ratios.append(got[name] / got["llama-server"])
             say(f"  plain {model.name} rep {rep + 1}: " + ", ".join(f"{k} {fmt(v)}" for k, v in got.items())
                 + " tok/s")
     finally:
         spec.close()
         if server:
             server.close()
-    return [tg, greedy, sampled, numpy_sampled, served, versus]
+    return [tg, *versus_bench.values(), served, *versus_server.values()]
 
 
 # -- b) and c) draft steps --------------------------------------------------------------------------
@@ -283,6 +294,10 @@ def main() -> int:
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("--sampling-on", default="auto", choices=("auto", "backend", "host"))
+    ap.add_argument("--paths", help="a): time specli on each of these sampling paths in the same "
+                    "repetitions, e.g. graph,host (default: --sampling-on's)")
+    ap.add_argument("--numpy", action="store_true",
+                    help="a): also the default sampling with numpy's filters instead of native_sampling.c's")
     ap.add_argument("--tools", type=Path, default=None,
                     help="llama.cpp's binaries (default: the build cache)")
     ap.add_argument("--json", type=Path, help="write every sample here")
