@@ -60,10 +60,11 @@ class GenerationParams:
 
 
 def sampling_path(target: Model, sampling: SamplingParams, choice: str) -> tuple[GraphFilters | None, str]:
-    """Where a generation filters its rows: in llama.cpp's graph (the filters) or on the host (None),
-    and why, in a few words. auto: the graph when the target runs on a GPU (the row then need not
-    cross whole, nor be sorted by the CPU), the host on a CPU, where llama.cpp's top-k over the row
-    measured slower than numpy's (docs/performance.md). A generation never mixes the two."""
+    """Where a generation filters the target's rows: in llama.cpp's graph (the filters) or on the host
+    (None), and why, in a few words. auto: the host, on a CPU and on a GPU alike: the graph's sampler
+    nodes (a copy of the logits, the bias, the top-k or argmax) measured dearer than crossing the row
+    and filtering it in C, on this CPU (+0.6 ms a token at 152k) and on an H200 (host faster in 17 of
+    18 paired runs, docs/performance.md). A generation never mixes the two for the target's rows."""
     if choice not in SAMPLING_ON:
         raise ValueError(f"sampling_on must be one of {', '.join(SAMPLING_ON)}, got {choice!r}")
     if choice == "host":
@@ -73,9 +74,17 @@ def sampling_path(target: Model, sampling: SamplingParams, choice: str) -> tuple
         return None, problem
     if choice == "backend":
         return filters, "asked for (--sampling-on backend)"
-    if target.offloaded:
-        return filters, "auto: the target runs on a GPU"
-    return None, "auto: the target runs on the CPU, where the host's filters are faster"
+    return None, "auto: the host's filters measured faster than the graph's, on a CPU and on a GPU"
+
+
+def drafts_in_graph(target: Model, sampling: SamplingParams, choice: str) -> bool:
+    """Whether a drafter filters its own rows in its graph (only the survivors cross): with the target's
+    (backend), and under auto where the target runs on a GPU, where a block drafter's 7-16 rows
+    crossing whole measured dearer (an H200: a DFlash block 2.8 ms with its rows on the host, 2.0 in
+    the graph). A draft's q is what its path gives; the target's rule is unchanged either way."""
+    if choice == "host" or GraphFilters.of(sampling, target.n_vocab)[0] is None:
+        return False
+    return choice == "backend" or target.offloaded
 
 
 class Generation:
@@ -264,7 +273,8 @@ class SpeculativeEngine:
         seed = params.seed if params.seed is not None else random_seed()
         filters, why = sampling_path(self.target, sampling, params.sampling_on)
         self.target.set_filters(filters)
-        sampler = Sampler(sampling, Noise(seed), params.same_as_plain, in_graph=filters is not None)
+        sampler = Sampler(sampling, Noise(seed), params.same_as_plain,
+                          drafts_in_graph=drafts_in_graph(self.target, sampling, params.sampling_on))
         return sampler, seed, filters, why
 
     def reset(self) -> None:

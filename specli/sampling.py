@@ -899,14 +899,14 @@ def proposal_acceptance(p: Dist, token: int, q: Dist | None) -> float:
 @dataclass(frozen=True)
 class Sampler:
     """How one generation draws tokens: the settings, the keyed noise, and the verification rule
-    (`same_as_plain`: drafts are accepted only where they equal the target's own draw). `in_graph`:
-    the generation's rows are filtered in llama.cpp's graph (backend sampling); a drafter whose model
-    can filters its rows there too."""
+    (`same_as_plain`: drafts are accepted only where they equal the target's own draw).
+    `drafts_in_graph`: a drafter whose model can filters its rows in its llama.cpp graph (backend
+    sampling: engine.drafts_in_graph)."""
 
     params: SamplingParams
     noise: Noise
     same_as_plain: bool = False
-    in_graph: bool = False
+    drafts_in_graph: bool = False
 
     @property
     def mode(self) -> str:

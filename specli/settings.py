@@ -217,8 +217,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("sampling_on", AUTO, "--sampling-on", "choice", "auto, backend or host",
             lambda v: v in SAMPLING_ON,
             "Where the filters (top-k, top-p, min-p) run: backend, in llama.cpp's graph, so only their "
-            "survivors reach Python (needs top-k, or temp 0); host, over the whole row in numpy; auto: "
-            "backend when the target is offloaded to a GPU, host on a CPU (faster there).",
+            "survivors reach Python (needs top-k, or temp 0); host, over the whole row in C or numpy; "
+            "auto: the target's rows on the host (measured faster on a CPU and on a GPU), a drafter's in "
+            "its graph where the target is offloaded to a GPU.",
             (RUN, BENCH, CHAT, SERVE), choices=SAMPLING_ON),
     Setting("ctx", 4096, "--ctx", "int", f"a whole number from {MIN_CONTEXT} to {MAX_CONTEXT} (tokens of "
             "context)", lambda v: MIN_CONTEXT <= v <= MAX_CONTEXT, "Context size in tokens.", LOADING,

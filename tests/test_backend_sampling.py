@@ -26,7 +26,7 @@ from support import (
     tv,
 )
 
-from specli import GenerationParams, SamplingParams, load
+from specli import GenerationParams, SamplingParams, engine, load
 from specli.engine import sampling_path
 from specli.llama import FILTERED_ROWS, ArgmaxRows, GraphFilters, LlamaError, Model, ModelOptions
 from specli.sampling import Noise, Survivors, distribution, greedy_token
@@ -137,9 +137,10 @@ def test_a_verify_batch_may_have_filtered_rows_up_to_the_limit(target: Model, fi
 
 
 def test_where_the_filters_run(target: Model) -> None:
-    """auto: the host on a CPU; backend when asked and the settings start with top-k (or are greedy);
+    """auto: the host, on any device; backend when asked and the settings start with top-k (or are greedy);
     the host otherwise, with the reason."""
     assert sampling_path(target, DEFAULTS, "auto")[0] is None
+    assert sampling_path(target, SamplingParams(temperature=0.0), "auto")[0] is None
     assert sampling_path(target, DEFAULTS, "host")[0] is None
     assert sampling_path(target, DEFAULTS, "backend")[0] == GraphFilters(40, 0.95, 0.05)
     assert sampling_path(target, SamplingParams(temperature=0.0), "backend")[0] == GraphFilters(1)
@@ -179,6 +180,32 @@ def test_same_as_plain_prints_plain_tokens_with_the_filters_in_the_graph(fixture
                 assert spec.drafter.model.filters is not None
         if k != "auto":  # drafts were made (and some accepted, but n-gram's after greedy text here)
             assert drafted > 0 and (accepted > 0 or sampling.greedy and drafter == "ngram"), (k, drafted)
+
+
+def test_drafts_filtered_in_their_graph_beside_a_target_filtered_on_the_host(fixture_models, monkeypatch):
+    """auto on a GPU: the target's rows on the host, a drafter's in its own graph (engine.drafts_in_graph,
+    made to answer as on a GPU here). Same-as-plain still prints plain decoding's tokens at every k, and
+    the draft model's rows were filtered in its graph; on this CPU auto leaves drafts on the host."""
+    with load(fixture_models.target, None, n_ctx=512, n_threads=1) as spec:
+        assert not engine.drafts_in_graph(spec.target, DEFAULTS, "auto")  # a CPU
+        assert engine.drafts_in_graph(spec.target, DEFAULTS, "backend")
+        assert not engine.drafts_in_graph(spec.target, DEFAULTS, "host")
+        assert not engine.drafts_in_graph(spec.target, SamplingParams(temperature=1.0, top_k=0), "backend")
+        common = dict(max_tokens=40, ignore_eos=True, sampling=DEFAULTS)
+        plain = {s: run(spec, PROMPT, seed=s, **common).tokens for s in range(3)}
+    as_on_a_gpu = engine.drafts_in_graph
+    monkeypatch.setattr(engine, "drafts_in_graph", lambda target, sampling, choice: as_on_a_gpu(
+        target, sampling, "backend" if choice == "auto" else choice))
+    with load(fixture_models.target, fixture_models.draft, n_ctx=512, n_threads=1) as spec:
+        for k in (1, 4, "auto"):
+            drafted = 0
+            for s in range(3):
+                gen = run(spec, PROMPT, seed=s, draft_max=k, **common)
+                assert gen.tokens == plain[s], (k, s)
+                assert gen.stats.sampling_path == "host"
+                assert spec.drafter.model.filters is not None
+                drafted += gen.stats.drafted
+            assert drafted > 0 or k == "auto"
 
 
 def test_a_seed_pins_the_output_whatever_k_with_the_filters_in_the_graph(fixture_models) -> None:

@@ -309,7 +309,7 @@ def check_rows_filtered_in_the_graph(target: Path, draft: Path | str, side: Call
         banned = replace(sampling, banned=spec.target.eog_tokens())
         drafts = {}
         for in_graph in (False, True):
-            spec.drafter.begin(context, Sampler(banned, Noise(5), True, in_graph=in_graph))
+            spec.drafter.begin(context, Sampler(banned, Noise(5), True, drafts_in_graph=in_graph))
             made = spec.drafter.draft(context, 4)
             drafts[in_graph] = (made.tokens, [q.dense() for q in made.probs or []])
             assert (side(spec.drafter).filters is not None) == in_graph

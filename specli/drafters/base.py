@@ -23,10 +23,10 @@ GREEDY_DRAFT_TOP = 16
 
 
 def draft_filters(sampler: Sampler, n_vocab: int) -> GraphFilters | None:
-    """The filters a drafter's rows get in llama.cpp's graph: where the run filters the target's there
-    (`Sampler.in_graph`), the same ones (a greedy row: its GREEDY_DRAFT_TOP best ids); else None, the
-    whole row crosses."""
-    if not sampler.in_graph:
+    """The filters a drafter's rows get in llama.cpp's graph: where the run filters drafts there
+    (`Sampler.drafts_in_graph`), the target's settings (a greedy row: its GREEDY_DRAFT_TOP best ids);
+    else None, the whole row crosses."""
+    if not sampler.drafts_in_graph:
         return None
     return GraphFilters.of(sampler.params, n_vocab, greedy_top_k=GREEDY_DRAFT_TOP)[0]
 
