@@ -30,7 +30,7 @@ from pathlib import Path
 import llama_cpp as llc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import GEMMA_HINT, gemma_path  # noqa: E402
+from _bench_common import GEMMA_HINT, GPU_LAYERS, gemma_path  # noqa: E402
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
 from specli.llama import Model  # noqa: E402
@@ -79,8 +79,11 @@ def main() -> None:
     if target is None:
         sys.exit(GEMMA_HINT)
 
-    plain = load(target, None, n_ctx=args.ctx, n_threads=args.threads)
-    spec = load(target, args.draft, n_ctx=args.ctx, n_threads=args.threads) if args.draft else None
+    # SPECLI_LAB_GPU_LAYERS offloads (lab/device_check.sh): on a GPU the loop on specli's own context
+    # says whether a gap to llama-bench is the context's or specli's work per token
+    plain = load(target, None, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
+    spec = (load(target, args.draft, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=GPU_LAYERS)
+            if args.draft else None)
     model = plain.target
     prompt = plain.tokenize(PROMPT)
 

@@ -216,6 +216,13 @@ want plain && stage "plain decoding, the filters in the graph and on the host" 2
     python3 lab/host_work.py --plain "$T" --plain "$D" --plain "$G" -n $(( 2 * N )) --repeat "$REPEAT" \
     -t "$THREADS" -c 4096 --tools "$B" --paths graph,host --json "$J/host_work-plain.json"
 
+# -- #51: where plain decoding's gap to llama-bench lies (0.82x on the 262k target at T 0 in the second
+# H200 run): llama-bench's loop and llama.cpp's greedy sampler on specli's own context, beside specli ----
+for m in "$G" "$T"; do
+    want baseline && stage "decode baseline on $(basename "$m") (llama.cpp's loop on specli's context)" 60 \
+        python3 lab/decode_baseline.py "$m" -n "$N" --repeat 5 -t "$THREADS" -c 4096
+done
+
 # -- #51: a draft step of each drafter against llama.cpp's; the time outside llama_decode ----------------
 g4=()
 [ -f "$M/g4/gemma4-assistant.gguf" ] && g4=(--gemma4 "$M/g4")
