@@ -72,9 +72,10 @@ class Cell:
         return statistics.median(self.ratios) if self.ratios else None
 
 
-def where(args: argparse.Namespace) -> dict[str, str]:
-    """--sampling-on, named only when not auto (so that the script also times revisions without it)."""
-    return {} if args.sampling_on == "auto" else {"sampling_on": args.sampling_on}
+def where(path: str) -> dict[str, str]:
+    """A sampling path (--sampling-on's, or --paths' "graph" for backend) as GenerationParams'
+    sampling_on, named only when not auto (so that the script also times revisions without it)."""
+    return {} if path == "auto" else {"sampling_on": "backend" if path == "graph" else path}
 
 
 def fmt(x: float | None, spec: str = ".1f") -> str:
@@ -132,9 +133,8 @@ def plain(model: Path, args: argparse.Namespace) -> list[Cell]:
 
         def specli_rate(sampling: SamplingParams, seed: int, path: str, numpy_filters: bool = False) -> float:
             spec.engine.reset()
-            on = {} if path == "auto" else {"sampling_on": "backend" if path == "graph" else path}
             params = GenerationParams(max_tokens=args.n, sampling=sampling, seed=seed, ignore_eos=True,
-                                      draft_max=0, **on)
+                                      draft_max=0, **where(path))
             use_numpy(numpy_filters)  # what a machine without a C compiler runs (specli/native.py)
             try:
                 return spec.generate(prompt, params).complete().stats.tokens_per_second or 0.0
@@ -239,7 +239,7 @@ def speculative(spec, prompt: list[int], seed: int, args: argparse.Namespace):
     """One greedy generation at k = args.k from an empty cache: its stats."""
     spec.engine.reset()
     params = GenerationParams(max_tokens=args.draft_n, sampling=GREEDY, seed=seed, ignore_eos=True,
-                              draft_max=args.k, **where(args))
+                              draft_max=args.k, **where(args.sampling_on))
     return spec.generate(prompt, params).complete().stats
 
 
