@@ -58,7 +58,9 @@ stage() {  # stage NAME SECONDS COMMAND...: run it with its output in the report
     local rest=$(( ${HARD:-100000} - ($(date +%s) - T0) ))
     [ "$seconds" -le "$rest" ] || seconds=$rest
     log "== $name"
-    timeout "$seconds" "$@" >> "$REPORT" 2>&1
+    # a cost cache of its own: one written by an earlier stage (or while the machine was busy) would
+    # change what -k auto does in this one
+    SPECLI_CACHE_DIR=$(mktemp -d "$W/cache.XXXX") timeout "$seconds" "$@" >> "$REPORT" 2>&1
     local rc=$?
     [ $rc = 0 ] || log "$name: exit $rc"
     return $rc
