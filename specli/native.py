@@ -56,6 +56,7 @@ class NativeSampling:
     numpy's are faster."""
 
     filter: ctypes._CFuncPtr | None
+    filter_draw: ctypes._CFuncPtr | None  # with `filter`
     keyed_argmax: ctypes._CFuncPtr
     keyed_gumbel: ctypes._CFuncPtr
     dense_scores: ctypes._CFuncPtr
@@ -119,6 +120,9 @@ def _bind(path: Path) -> NativeSampling:
     f = lib.specli_filter
     f.argtypes = [_c_void_p, _c_long, _c_void_p, _c_void_p]
     f.restype = _c_long
+    fd = lib.specli_filter_draw
+    fd.argtypes = [_c_void_p, _c_long, _c_void_p, _c_void_p, _c_uint64, _c_uint64, _c_uint64, _c_uint64]
+    fd.restype = _c_long
     argmax = lib.specli_keyed_argmax
     argmax.argtypes = [_c_void_p, _c_void_p, _c_long, _c_uint64, _c_uint64, _c_uint64, _c_uint64]
     argmax.restype = _c_long
@@ -132,7 +136,9 @@ def _bind(path: Path) -> NativeSampling:
     draw.argtypes = [_c_void_p, _c_long, _c_void_p, _c_uint64, _c_uint64, _c_uint64, _c_uint64]
     draw.restype = _c_long
     lib.specli_filter_vectorized.restype = ctypes.c_int
-    return NativeSampling(f if lib.specli_filter_vectorized() else None, argmax, gumbel, scores, draw, path)
+    vectorized = lib.specli_filter_vectorized()
+    return NativeSampling(f if vectorized else None, fd if vectorized else None, argmax, gumbel, scores, draw,
+                          path)
 
 
 def _directories() -> list[Path]:

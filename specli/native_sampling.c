@@ -446,6 +446,21 @@ long specli_keyed_argmax(const int64_t *ids, const double *scores, long n, uint6
     return best;
 }
 
+/* A plain round's token (nothing drafted): specli_filter, then specli_keyed_argmax over its survivors
+   at (position, stream, salt), in one call: Dist.draw of sampling.distribution's Dist, the same token.
+   A call from Python after a decode costs a few microseconds more for each step it takes there (the
+   decode has evicted what it touches), more than the steps themselves. out as specli_filter's.
+   Returns the token, or -1 where sampling.py must decide (what specli_filter refuses, a temperature
+   too small to divide the logits by). */
+long specli_filter_draw(const float *row, long n, const filter_settings *settings, double *out, uint64_t key,
+                        uint64_t position, uint64_t stream, uint64_t salt) {
+    long count = specli_filter(row, n, settings, out);
+    long top_k = (long)settings->top_k;
+    if (count < 1 || !isfinite(settings->inv_t * fmax(1.0, fabs(out[4 * top_k])))) return -1;
+    const int64_t *ids = (const int64_t *)out;
+    return (long)ids[specli_keyed_argmax(ids, out + top_k, count, key, position, stream, salt)];
+}
+
 /* -- draws over the whole row (no filter): Dist.draw's dense branch ---------------------------------- */
 
 #define NOISE_BLOCK 256 /* sampling.BLOCK: the blocks the whole-row noise is built on */

@@ -801,6 +801,24 @@ def distribution(logits: np.ndarray | Survivors, params: SamplingParams, *, widt
     return _distribution(row, params.unbanned, out_width)
 
 
+def plain_token(rows: np.ndarray, params: SamplingParams, noise: Noise, position: int) -> int:
+    """Row 0's token at `position` in a round with nothing drafted: distribution(row).draw(noise,
+    position) (rows masked first where `masked_for` masks them), in one call of native_sampling.c
+    where it filters the row: the same survivors and keyed draw, so the same token. Right after a
+    decode each Python step costs several times what it costs warm, and a Dist nothing will read is
+    a dozen of them."""
+    row = rows[0]
+    lib = native()
+    if lib is not None and lib.filter_draw is not None and 0 < params.top_k < row.shape[0] \
+            and row.dtype == _F32 and row.flags.c_contiguous:
+        out = np.empty(4 * params.top_k + 1)
+        token = lib.filter_draw(data_address(row), row.shape[0], _filter_settings(params)[1],
+                                data_address(out), noise._key, position, CHOICE * 4, 0)
+        if token >= 0:
+            return token
+    return distribution(rows[0], masked_for(rows, params)).draw(noise, position)
+
+
 @functools.lru_cache(maxsize=16)
 def _banned_set(banned: tuple[int, ...]) -> frozenset[int]:
     return frozenset(banned)

@@ -24,6 +24,7 @@ from specli.sampling import (
     distribution,
     greedy_token,
     masked_for,
+    plain_token,
     proposal_acceptance,
 )
 
@@ -31,8 +32,8 @@ from specli.sampling import (
 @dataclass
 class Verdict:
     """What the target made of a round: the tokens to commit (accepted drafts, then its own token),
-    how many drafts it accepted, and its processed rows as far as it needed them (None when greedy),
-    so nothing processes a row twice."""
+    how many drafts it accepted, and its processed rows as far as it needed them (None when greedy,
+    and in a plain round nothing was held for), so nothing processes a row twice."""
 
     tokens: list[int]
     n_accepted: int
@@ -53,8 +54,11 @@ def verify(target_rows: np.ndarray | FilteredRows, draft: Draft, sampler: Sample
     d = draft.tokens
     k = len(d)
     params, noise = sampler.params, sampler.noise
-    if not k and params.greedy and type(target_rows) is np.ndarray:  # a plain greedy round: its argmax
-        return Verdict([greedy_token(target_rows[0], params.banned)], 0, [None])
+    if not k and type(target_rows) is np.ndarray:
+        if params.greedy:  # a plain greedy round: its argmax
+            return Verdict([greedy_token(target_rows[0], params.banned)], 0, [None])
+        if draft.held is None:  # a plain sampled round whose row nothing else reads: its draw alone
+            return Verdict([plain_token(target_rows, params, noise, position)], 0, [None])
     if isinstance(target_rows, FilteredRows):
         filtered, width = target_rows, target_rows.width
         params = params.unbanned  # the graph left banned ids out

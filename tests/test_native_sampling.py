@@ -103,6 +103,65 @@ def test_the_c_filters_give_numpys_support_scores_and_token(n, numpy_only) -> No
     assert checked == 5 * 3 * len(SETTINGS) * 3
 
 
+@pytest.mark.usefixtures("needs_native")
+@pytest.mark.parametrize("n", [700, 262_144])
+def test_a_plain_rounds_token_in_one_call_is_the_distributions_draw(n, monkeypatch) -> None:
+    """plain_token (a round with nothing drafted: the filter and the keyed draw in one C call) gives
+    the token distribution(row).draw gives, for every row, setting, banned set and position, and it
+    took the one call for each of them."""
+    lib = native()
+    calls = Counter()
+
+    class Counting:
+        def __getattr__(self, name):
+            if name != "filter_draw":
+                return getattr(lib, name)
+
+            def counted(*args):
+                calls[name] += 1
+                return lib.filter_draw(*args)
+
+            return counted
+
+    rng = np.random.default_rng(n + 2)
+    checked = one_call = 0
+    for kind, row in _rows(rng, n):
+        top = int(np.argmax(row))
+        for params in SETTINGS:
+            for banned in ((), (top,)):
+                p = replace(params, banned=banned)
+                before = row.copy()
+                for position in range(3):
+                    noise = Noise(checked)
+                    monkeypatch.setattr(sampling_module, "native", lambda: Counting())
+                    mine = sampling_module.plain_token(row[None], p, noise, position)
+                    monkeypatch.setattr(sampling_module, "native", native)
+                    assert mine == distribution(row, p).draw(noise, position), (kind, p, position)
+                    checked += 1
+                    one_call += p.top_k < n  # a top k of the whole row is no filter
+                np.testing.assert_array_equal(row, before)  # the row is read, not masked
+    assert checked == 5 * 3 * len(SETTINGS) * 2 * 3
+    assert calls["filter_draw"] == one_call > 0
+
+
+@pytest.mark.usefixtures("needs_native")
+@pytest.mark.parametrize("bad", [np.nan, np.inf, "no mass"])
+def test_a_plain_round_refuses_what_the_distribution_refuses(bad) -> None:
+    """What the one call cannot take (a NaN or infinite logit, no mass) is decided by the
+    distribution's path, with its error."""
+    row = np.random.default_rng(3).standard_normal(151_936).astype(np.float32)
+    params = DEFAULT_SAMPLING
+    if bad == "no mass":
+        row[:] = -np.inf
+    else:
+        row[77_777] = bad
+    with pytest.raises(SamplingError) as expected:
+        distribution(row, params).draw(Noise(3), 0)
+    with pytest.raises(SamplingError) as e:
+        sampling_module.plain_token(row[None], params, Noise(3), 0)
+    assert str(e.value) == str(expected.value)
+
+
 WHOLE_ROW = [SamplingParams(temperature=t) for t in (0.5, 1.0, 1.7)]  # no filter: Dist over every id
 
 
