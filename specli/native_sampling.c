@@ -238,8 +238,10 @@ long specli_filter(const float *row, long n, const filter_settings *settings, do
     double *out_scores = out + top_k, *out_m = out + 4 * top_k;
     cand *heap = (cand *)(out + 2 * top_k);
     long n_blocks = (n + BLOCK - 1) / BLOCK;
-    float *bm = malloc((size_t)n_blocks * sizeof(float));
+    /* each block's maximum, then the blocks that reach the k-th of them */
+    float *bm = malloc((size_t)n_blocks * (sizeof(float) + sizeof(int32_t)));
     if (!bm) return -1;
+    int32_t *reaching = (int32_t *)(bm + n_blocks);
     int nan = block_maxima(row, n, bm);
     /* a banned id's block: its maximum over the others (a masked row's, as the numpy path masks it) */
     for (long j = 0; j < n_banned; j++) {
@@ -312,18 +314,26 @@ long specli_filter(const float *row, long n, const filter_settings *settings, do
        ranks). Those at or above it are gathered and sorted where there are few (usually a few more
        than k), else kept in a heap (the set does not depend on the order offered). Within a block,
        four at a time while none reaches it. */
-    /* Ask for the blocks' memory first, all at once: the row has mostly left the core's cache since
-       the pass, and one block at a time each waits a full trip to the shared cache. */
-    for (long b = 0; b < n_blocks; b++)
-        if (bm[b] >= reach)
-            for (int line = 0; line < BLOCK; line += 16) __builtin_prefetch(row + b * BLOCK + line);
+    /* The blocks that reach it, listed once (four maxima a comparison: a loop over every block with a
+       branch each cost as much as the gathering), and their memory asked for all at once: the row
+       has mostly left the core's cache since the pass, and one block at a time each waits a full
+       trip to the shared cache. */
+    long n_reaching = 0, b = 0;
+#ifdef __SSE2__
+    for (__m128 bar = _mm_set1_ps(reach); b + 4 <= n_blocks; b += 4)
+        for (int mask = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(bm + b), bar)); mask; mask &= mask - 1)
+            reaching[n_reaching++] = (int32_t)(b + __builtin_ctz((unsigned)mask));
+#endif
+    for (; b < n_blocks; b++)
+        if (bm[b] >= reach) reaching[n_reaching++] = (int32_t)b;
+    for (long r = 0; r < n_reaching; r++)
+        for (int line = 0; line < BLOCK; line += 16) __builtin_prefetch(row + (long)reaching[r] * BLOCK + line);
     cand few[256];
     long n_few = 0;
     size = 0;
     for (int pass = 0; pass < 2; pass++) { /* the second only where more than 256 reach */
-        for (long b = 0; b < n_blocks; b++) {
-            if (bm[b] < reach) continue;
-            long i = b * BLOCK, stop = i + BLOCK < n ? i + BLOCK : n;
+        for (long r = 0; r < n_reaching; r++) {
+            long i = (long)reaching[r] * BLOCK, stop = i + BLOCK < n ? i + BLOCK : n;
             for (; i < stop; i++) {
 #ifdef __SSE2__
                 if ((i & 3) == 0) {
