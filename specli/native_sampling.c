@@ -173,6 +173,9 @@ __attribute__((target("avx2"))) static float kth_largest_avx2(const float *v, lo
     for (int j = 0; j < 72; j++) s[j] = j < 64 ? -INFINITY : INFINITY;
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     float reach = -INFINITY;
+    /* only the vectors that hold the k largest are compared and moved: below them the slots are
+       passed over (what is shifted out of the lowest of those vectors is below the k-th) */
+    const int low = (int)(64 - k) & ~7;
     for (long i = 0; i < count; i++) {
         if ((i & 7) == 0) { /* eight at a time while none beats the k-th */
             __m256 bar = _mm256_set1_ps(reach);
@@ -184,12 +187,12 @@ __attribute__((target("avx2"))) static float kth_largest_avx2(const float *v, lo
         float x = v[i];
         if (!(x > reach)) continue;
         __m256 xv = _mm256_set1_ps(x);
-        int below = 0; /* slots holding less than x: x goes to slot below - 1, those under it move down */
-        for (int j = 0; j < 64; j += 8)
+        int below = low; /* slots holding less than x: x goes to slot below - 1, those under it move down */
+        for (int j = low; j < 64; j += 8)
             below += __builtin_popcount((unsigned)_mm256_movemask_ps(
                 _mm256_cmp_ps(_mm256_loadu_ps(s + j), xv, _CMP_LT_OQ)));
         __m256i at = _mm256_set1_epi32(below - 1);
-        for (int j = 0; j < 64; j += 8) {
+        for (int j = low; j < 64; j += 8) {
             __m256 here = _mm256_loadu_ps(s + j), next = _mm256_loadu_ps(s + j + 1);
             __m256i slot = _mm256_add_epi32(lane, _mm256_set1_epi32(j));
             __m256 moves = _mm256_castsi256_ps(_mm256_cmpgt_epi32(at, slot));
@@ -230,6 +233,19 @@ typedef struct {
     const int64_t *banned;
 } filter_settings; /* native.FilterSettings: one per sampling setting, so a call passes four arguments */
 
+/* Scratch memory for one call, kept per thread between calls: a malloc and free on caches a decode
+   has just emptied cost ~1.5 us a row here. NULL where there is no memory. */
+static void *scratch(size_t size) {
+    static __thread void *kept;
+    static __thread size_t kept_size;
+    if (size > kept_size) {
+        free(kept);
+        kept = malloc(size);
+        kept_size = kept ? size : 0;
+    }
+    return kept;
+}
+
 long specli_filter(const float *row, long n, const filter_settings *settings, double *out) {
     long top_k = (long)settings->top_k, n_banned = (long)settings->n_banned;
     double top_p = settings->top_p, min_p = settings->min_p, inv_t = settings->inv_t;
@@ -239,7 +255,7 @@ long specli_filter(const float *row, long n, const filter_settings *settings, do
     cand *heap = (cand *)(out + 2 * top_k);
     long n_blocks = (n + BLOCK - 1) / BLOCK;
     /* each block's maximum, then the blocks that reach the k-th of them */
-    float *bm = malloc((size_t)n_blocks * (sizeof(float) + sizeof(int32_t)));
+    float *bm = scratch((size_t)n_blocks * (sizeof(float) + sizeof(int32_t)));
     if (!bm) return -1;
     int32_t *reaching = (int32_t *)(bm + n_blocks);
     int nan = block_maxima(row, n, bm);
@@ -305,7 +321,6 @@ long specli_filter(const float *row, long n, const filter_settings *settings, do
     }
     *out_m = (double)m;
     if (nan || isinf(m)) {
-        free(bm);
         if (nan) *out_m = NAN;
         return -1;
     }
@@ -365,7 +380,6 @@ long specli_filter(const float *row, long n, const filter_settings *settings, do
             break;
         }
     }
-    free(bm);
     if (n_few > 256) sort_cands(heap, size, 0);
 
     long cut = size;
@@ -581,7 +595,7 @@ long specli_dense_draw(const float *scores, long n, const float *bm, uint64_t ke
     if (!isfinite(best)) return -1;
 
     block_bound stack_room[256], *reach = stack_room;
-    if (n_blocks > 256 && !(reach = malloc((size_t)n_blocks * sizeof(block_bound)))) return -2;
+    if (n_blocks > 256 && !(reach = scratch((size_t)n_blocks * sizeof(block_bound)))) return -2;
     long count = 0;
     for (long b = 0; b < n_blocks; b++) {
         if (bm[b] == -INFINITY) continue; /* no mass */
@@ -613,6 +627,5 @@ long specli_dense_draw(const float *scores, long n, const float *bm, uint64_t ke
             }
         }
     }
-    if (reach != stack_room) free(reach);
     return best_id;
 }
