@@ -32,8 +32,9 @@ from specli.sampling import (
 @dataclass
 class Verdict:
     """What the target made of a round: the tokens to commit (accepted drafts, then its own token),
-    how many drafts it accepted, and its processed rows as far as it needed them (None when greedy,
-    and in a plain round nothing was held for), so nothing processes a row twice."""
+    how many drafts it accepted, and its processed rows as far as it needed them (None when greedy, and
+    under same-as-plain but for the last row when a position was held there), so nothing processes a
+    row twice."""
 
     tokens: list[int]
     n_accepted: int
@@ -68,6 +69,9 @@ def verify(target_rows: np.ndarray | FilteredRows, draft: Draft, sampler: Sample
 
         def row_best(i: int) -> int:
             return checked_token(*filtered.token(i))
+
+        def row_draw(i: int) -> int:
+            return row_dist(i).draw(noise, position + i)
     else:
         rows = target_rows
         params = masked_for(rows, params)
@@ -78,11 +82,19 @@ def verify(target_rows: np.ndarray | FilteredRows, draft: Draft, sampler: Sample
         def row_best(i: int) -> int:
             return greedy_token(rows[i], params.banned)
 
+        def row_draw(i: int) -> int:
+            return plain_token(rows[i : i + 1], params, noise, position + i)
+
     dists: list[Dist | None] = []
     if params.greedy or sampler.same_as_plain:
+        # Only the last row's distribution is read again (a held position scored against it): the
+        # others draw their token alone, in one call where the host filters them.
+        kept = k if draft.held is not None else k + 1
         for i in range(k + 1):
             if params.greedy:
                 own, p = row_best(i), None
+            elif i < kept:
+                own, p = row_draw(i), None
             else:
                 p = row_dist(i)
                 own = p.draw(noise, position + i)
