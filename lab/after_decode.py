@@ -1,6 +1,6 @@
 """What host work costs right after a decode, against the same work warm (issue #51).
 
-    python lab/after_decode.py MODEL.gguf [MODEL2.gguf ...] [--rows 300] [-n 1024] [-t 2]
+    python lab/after_decode.py MODEL.gguf [MODEL2.gguf ...] [--rows 300] [-n 1024] [--drafts 4] [-t 2]
 
 A decode streams the model's weights and writes a row over the whole vocabulary, and on a CPU it
 leaves the core's caches holding little of what Python touches next: each step after it costs several
@@ -12,7 +12,10 @@ a) steps, one after each decode in turn (--rows decodes each), then each repeate
 b) a plain generation's round (-n tokens, T 0 and the default sampling, EOS ignored), from its
    RoundEvents: medians of the draft (the proposer), verify less llama_decode (the batch and the
    decode call's Python), other (verify(), the token's events and text) and between (the events'
-   way to the consumer, the stats, the loop) in microseconds, beside llama_decode's own time.
+   way to the consumer, the stats, the loop) in microseconds, beside llama_decode's own time;
+c) verify() of a same-as-plain round of --drafts drafts that are all accepted (plain decoding's own
+   continuation, default sampling), right after its decode: its rows drawn as now (plain_token, one C
+   call a row) and each through a Dist (as before), in turns; median microseconds a round.
 """
 
 from __future__ import annotations
@@ -29,9 +32,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_llamacpp import PLAIN_PROMPT  # noqa: E402
 
 from specli import GenerationParams, SamplingParams, load  # noqa: E402
+from specli import verify as verify_module  # noqa: E402
+from specli.drafters.base import Draft  # noqa: E402
 from specli.events import RoundEvent  # noqa: E402
 from specli.native import data_address, native  # noqa: E402
-from specli.sampling import DEFAULT_SAMPLING, Noise, _filter_settings, distribution, plain_token  # noqa: E402
+from specli.sampling import (  # noqa: E402
+    DEFAULT_SAMPLING,
+    Noise,
+    Sampler,
+    _filter_settings,
+    distribution,
+    masked_for,
+    plain_token,
+)
 
 
 def steps(spec, rows: int) -> dict[str, tuple[float, float]]:
@@ -96,15 +109,53 @@ def rounds(spec, n: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def verify_rounds(spec, drafts: int, n: int) -> dict[str, float]:
+    """(c): median microseconds of verify() a round, its rows drawn one call each and through a Dist."""
+    model, seed = spec.target, 5
+    prompt = spec.tokenize(PLAIN_PROMPT)
+    spec.engine.reset()
+    params = GenerationParams(max_tokens=n, sampling=DEFAULT_SAMPLING, ignore_eos=True, seed=seed,
+                              draft_max=0)
+    sequence = prompt + spec.generate(prompt, params).complete().tokens
+    sampler = Sampler(DEFAULT_SAMPLING, Noise(seed), same_as_plain=True)
+
+    def through_a_dist(rows, sampling, noise, position):
+        return distribution(rows[0], masked_for(rows, sampling)).draw(noise, position)
+
+    ways = {"one call a row": plain_token, "through a Dist": through_a_dist}
+    spent: dict[str, list[float]] = {name: [] for name in ways}
+    model.reset()
+    model.decode(prompt[:-1], outputs="none")
+    position, turn = len(prompt) - 1, 0
+    try:
+        while position + drafts + 1 < len(sequence):
+            batch = sequence[position : position + drafts + 1]  # the pending token and its drafts
+            rows = model.decode(batch, outputs="all")
+            name = list(ways)[turn % 2]
+            verify_module.plain_token = ways[name]
+            t0 = time.perf_counter()
+            verdict = verify_module.verify(rows, Draft(batch[1:], None, "plain's own"), sampler, position + 1)
+            spent[name].append(time.perf_counter() - t0)
+            if verdict.tokens != sequence[position + 1 : position + drafts + 2]:
+                raise SystemExit("after_decode.py: error: a round did not print plain decoding's tokens")
+            position += drafts + 1
+            model.truncate(position)  # the batch's last token is the next round's pending one
+            turn += 1
+    finally:
+        verify_module.plain_token = plain_token
+    return {name: statistics.median(v) * 1e6 for name, v in spent.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", type=Path)
     ap.add_argument("--rows", type=int, default=300, help="decodes per step (a)")
     ap.add_argument("-n", type=int, default=1024, help="tokens per generation (b)")
+    ap.add_argument("--drafts", type=int, default=4, help="drafts a round (c)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     args = ap.parse_args()
-    if args.rows < 1 or args.n < 2 or args.threads < 1:
-        ap.error("need --rows >= 1, -n >= 2, -t >= 1")
+    if args.rows < 1 or args.n < 2 * (args.drafts + 1) or args.threads < 1 or args.drafts < 1:
+        ap.error("need --rows >= 1, --drafts >= 1, -n >= 2 (drafts + 1), -t >= 1")
     for path in args.models:
         if not path.is_file():
             print(f"after_decode.py: error: no such model file: {path}", file=sys.stderr)
@@ -119,6 +170,9 @@ def main() -> int:
             for label, parts in rounds(spec, args.n).items():
                 figures = ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
                 print(f"  a plain round, {label}: {figures} us")
+            rounds_verified = verify_rounds(spec, args.drafts, args.n)
+            figures = ", ".join(f"{k} {v:.1f} us" for k, v in rounds_verified.items())
+            print(f"  verify() of a same-as-plain round of {args.drafts} accepted drafts: {figures}")
     return 0
 
 
