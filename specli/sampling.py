@@ -781,8 +781,7 @@ def distribution(logits: np.ndarray | Survivors, params: SamplingParams, *, widt
     row = logits if width is None or width >= logits.shape[0] else logits[:width]
     out_width = width or row.shape[0]
     lib = native()
-    if lib is not None and lib.filter is not None and 0 < params.top_k < row.shape[0] \
-            and row.dtype == _F32 and row.flags.c_contiguous:
+    if _filters_in_c(lib, row, params):
         dist = _native_distribution(lib, row, params, out_width)
         if dist is not None:
             return dist
@@ -801,6 +800,13 @@ def distribution(logits: np.ndarray | Survivors, params: SamplingParams, *, widt
     return _distribution(row, params.unbanned, out_width)
 
 
+def _filters_in_c(lib: NativeSampling | None, row: np.ndarray, params: SamplingParams) -> bool:
+    """Whether native_sampling.c filters `row` with `params` (a top-k short of the row, a contiguous
+    float32 row, the C filters built and vectorized here)."""
+    return lib is not None and lib.filter is not None and 0 < params.top_k < row.shape[0] \
+        and row.dtype == _F32 and row.flags.c_contiguous
+
+
 def plain_token(rows: np.ndarray, params: SamplingParams, noise: Noise, position: int) -> int:
     """Row 0's token at `position` in a round with nothing drafted: distribution(row).draw(noise,
     position) (rows masked first where `masked_for` masks them), in one call of native_sampling.c
@@ -809,8 +815,7 @@ def plain_token(rows: np.ndarray, params: SamplingParams, noise: Noise, position
     a dozen of them."""
     row = rows[0]
     lib = native()
-    if lib is not None and lib.filter_draw is not None and 0 < params.top_k < row.shape[0] \
-            and row.dtype == _F32 and row.flags.c_contiguous:
+    if _filters_in_c(lib, row, params):
         out = np.empty(4 * params.top_k + 1)
         token = lib.filter_draw(data_address(row), row.shape[0], _filter_settings(params)[1],
                                 data_address(out), noise._key, position, CHOICE * 4, 0)

@@ -70,6 +70,21 @@ SETTINGS = [
 ]
 
 
+def _counting(names: tuple[str, ...], calls: Counter):
+    """The C library with the calls of `names` counted into `calls` (the rest as they are)."""
+    lib = native()
+
+    class Counting:
+        def __getattr__(self, name):
+            def counted(*args):
+                calls[name] += 1
+                return getattr(lib, name)(*args)
+
+            return counted if name in names else getattr(lib, name)
+
+    return Counting()
+
+
 def _same(a, b) -> bool:
     return np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores)
 
@@ -109,20 +124,8 @@ def test_a_plain_rounds_token_in_one_call_is_the_distributions_draw(n, monkeypat
     """plain_token (a round with nothing drafted: the filter and the keyed draw in one C call) gives
     the token distribution(row).draw gives, for every row, setting, banned set and position, and it
     took the one call for each of them."""
-    lib = native()
     calls = Counter()
-
-    class Counting:
-        def __getattr__(self, name):
-            if name != "filter_draw":
-                return getattr(lib, name)
-
-            def counted(*args):
-                calls[name] += 1
-                return lib.filter_draw(*args)
-
-            return counted
-
+    counting = _counting(("filter_draw",), calls)
     rng = np.random.default_rng(n + 2)
     checked = one_call = 0
     for kind, row in _rows(rng, n):
@@ -133,7 +136,7 @@ def test_a_plain_rounds_token_in_one_call_is_the_distributions_draw(n, monkeypat
                 before = row.copy()
                 for position in range(3):
                     noise = Noise(checked)
-                    monkeypatch.setattr(sampling_module, "native", lambda: Counting())
+                    monkeypatch.setattr(sampling_module, "native", lambda: counting)
                     mine = sampling_module.plain_token(row[None], p, noise, position)
                     monkeypatch.setattr(sampling_module, "native", native)
                     assert mine == distribution(row, p).draw(noise, position), (kind, p, position)
@@ -198,17 +201,8 @@ def test_the_c_filters_took_the_rows_they_could(numpy_only, monkeypatch) -> None
     """The comparisons above are not numpy against numpy: the C filter runs for a top-k row, the
     whole-row scores and draw for a row with no filter."""
     calls = Counter()
-    lib = native()
-
-    class Counting:
-        def __getattr__(self, name):
-            def counted(*args):
-                calls[name] += 1
-                return getattr(lib, name)(*args)
-
-            return counted if name in ("filter", "dense_scores", "dense_draw") else getattr(lib, name)
-
-    monkeypatch.setattr(sampling_module, "native", lambda: Counting())
+    counting = _counting(("filter", "dense_scores", "dense_draw"), calls)
+    monkeypatch.setattr(sampling_module, "native", lambda: counting)
     row = np.random.default_rng(1).standard_normal(151_936).astype(np.float32)
     distribution(row, DEFAULT_SAMPLING)
     distribution(row, WHOLE_ROW[1]).draw(Noise(1), 0)
